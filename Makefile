@@ -1,0 +1,26 @@
+# The whole set-up is `make demo` (the main job) and `make test` (the suite); both create .venv first.
+.PHONY: install demo ablation propositions bench test clean
+
+install: .venv/.installed
+
+.venv/.installed: pyproject.toml scripts/install.sh
+	scripts/install.sh
+	touch $@
+
+demo: install
+	.venv/bin/trace-rl simulate --out runs/simulate
+
+ablation: install
+	.venv/bin/trace-rl simulate --ablation --out runs/ablation
+
+propositions: install
+	.venv/bin/trace-rl propositions
+
+bench: install
+	.venv/bin/python bench/bench_allocation.py
+
+test: install
+	.venv/bin/python -m pytest tests
+
+clean:
+	rm -rf .venv runs build *.egg-info src/*.egg-info

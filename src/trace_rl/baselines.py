@@ -1,0 +1,131 @@
+"""Sampling methods at equal cost: TRACE, its ablations and the baselines, selectable by name.
+
+A method is (how roots are allocated, how prefix continuations are allocated, which advantage estimator).
+Equal cost is counted in rollouts: a flat method spends P*n bare rollouts; a tree method spends
+P*n/(1+N) bare rollouts plus N continuations per bare rollout (a continuation is shorter than a bare
+rollout, so tree methods generate fewer turns; metrics report turns too, so the comparison stays honest).
+
+Root strategies see a candidate pool of pool_factor*P prompts; the ones that cannot skip (uniform, knapsack)
+take its first P (the pool is shuffled by the data loader).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .allocation import allocate_prefixes, allocate_roots
+
+ROOT_STRATEGIES = ("uniform", "pcl", "knapsack", "active")
+PREFIX_STRATEGIES = ("none", "random", "active")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of a comparison: root strategy x prefix strategy x advantage estimator x predictor."""
+
+    name: str
+    root: str
+    prefix: str
+    advantage: str
+    predictor: str = "learned"  # which V~ drives the active parts: learned | oracle | history
+
+    @property
+    def branches(self) -> bool:
+        return self.prefix != "none"
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in [
+        Method("grpo", "uniform", "none", "grpo"),
+        Method("pcl", "pcl", "none", "grpo"),
+        Method("knapsack_rl", "knapsack", "none", "grpo", predictor="history"),
+        Method("treepo", "uniform", "random", "treepo"),
+        Method("tree_grpo", "uniform", "random", "tree_grpo"),
+        Method("trace", "active", "active", "trace"),
+        Method("trace_oracle", "active", "active", "trace", predictor="oracle"),
+        Method("trace_uniform", "uniform", "random", "trace"),
+        Method("trace_root_only", "active", "random", "trace"),
+        Method("trace_prefix_only", "uniform", "active", "trace"),
+    ]
+}
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """How many rollouts one step buys, and how a tree method splits them."""
+
+    prompts: int = 32  # P: prompts a flat method trains on per step
+    rollouts_per_prompt: int = 8  # n: GRPO group size
+    branch_factor: int = 1  # N: continuations per bare rollout for tree methods
+    pool_factor: int = 4  # candidate pool = pool_factor * P prompts
+    max_per_prompt: int = 8  # m_max for the root allocators
+
+    def __post_init__(self):
+        for name in ("prompts", "rollouts_per_prompt", "pool_factor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.branch_factor < 0:
+            raise ValueError(f"branch_factor must be >= 0, got {self.branch_factor}")
+        if self.max_per_prompt < 2:
+            raise ValueError(f"max_per_prompt must be >= 2, got {self.max_per_prompt}")
+
+    @property
+    def total(self) -> int:
+        return self.prompts * self.rollouts_per_prompt
+
+    @property
+    def pool(self) -> int:
+        return self.prompts * self.pool_factor
+
+    def root_budget(self, method: Method) -> int:
+        return self.total // (1 + self.branch_factor) if method.branches else self.total
+
+
+def uniform_split(prompts: int, budget: int) -> np.ndarray:
+    """budget spread over `prompts` as evenly as possible (earlier prompts take the remainder)."""
+    m = np.full(prompts, budget // prompts, dtype=np.int64)
+    m[: budget % prompts] += 1
+    return m
+
+
+def allocate_method_roots(method: Method, v: np.ndarray, plan: BudgetPlan, seed: int = 0) -> np.ndarray:
+    """Root rollouts per candidate of the pool (length of v) for `method`; zeros mark skipped candidates."""
+    v = np.asarray(v, dtype=np.float64)
+    budget = plan.root_budget(method)
+    m = np.zeros(v.size, dtype=np.int64)
+    p = min(plan.prompts, v.size)
+    if method.root == "uniform":
+        m[:p] = uniform_split(p, budget)
+    elif method.root == "pcl":
+        keep = np.argsort(np.abs(v - 0.5), kind="stable")[:p]
+        m[keep] = uniform_split(p, budget)
+    elif method.root == "knapsack":
+        # Knapsack RL lets a prompt take several times the group size; 4n, and never less than m_max
+        cap = max(plan.max_per_prompt, 4 * plan.rollouts_per_prompt, -(-budget // p))
+        m[:p] = allocate_roots(v[:p], budget, cap, seed=seed, skip=False)
+    elif method.root == "active":
+        m = allocate_roots(v, budget, plan.max_per_prompt, seed=seed)
+    else:
+        raise ValueError(f"unknown root strategy {method.root!r}; choose from {ROOT_STRATEGIES}")
+    return m
+
+
+def allocate_method_prefixes(method: Method, flip_prob: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
+    """Continuations per anchor of one prompt: exact TRACE optimum or uniformly random branch points."""
+    flip_prob = np.asarray(flip_prob, dtype=np.float64)
+    if method.prefix == "none" or flip_prob.size == 0:
+        return np.zeros(flip_prob.size, dtype=np.int64)
+    if method.prefix == "random":
+        return rng.multinomial(budget, np.full(flip_prob.size, 1.0 / flip_prob.size)).astype(np.int64)
+    if method.prefix == "active":
+        return allocate_prefixes(flip_prob, budget, seed=int(rng.integers(2**31)))
+    raise ValueError(f"unknown prefix strategy {method.prefix!r}; choose from {PREFIX_STRATEGIES}")

@@ -1,0 +1,43 @@
+"""Reward-history predictor (Knapsack RL, GRESO): a prompt's success rate is its running mean reward.
+
+Scores a prefix by its prompt's value alone (history knows nothing of turns). Cold start: a prompt never
+seen gets the mean of all prompts seen so far (0.5 before the first update).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .base import Prefix
+
+
+class RewardHistoryPredictor:
+    def __init__(self, decay: float = 0.5):
+        """decay: weight of the old estimate when a prompt is seen again (0 = last step only)."""
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.values: dict[object, float] = {}
+
+    def _key(self, prefix: Prefix):
+        tree, _ = prefix
+        return tree.prompt if tree.prompt is not None else tree.root_id
+
+    def prior(self) -> float:
+        return float(np.mean(list(self.values.values()))) if self.values else 0.5
+
+    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        prior = self.prior()
+        return np.array([self.values.get(self._key(p), prior) for p in prefixes], dtype=np.float64)
+
+    def update(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray | None = None) -> float:
+        loss = float(np.mean((self.predict(prefixes) - targets) ** 2)) if len(prefixes) else 0.0
+        for (tree, nid), y in zip(prefixes, targets):
+            if nid != tree.root_id:
+                continue
+            key = self._key((tree, nid))
+            old = self.values.get(key)
+            self.values[key] = float(y) if old is None else self.decay * old + (1 - self.decay) * float(y)
+        return loss

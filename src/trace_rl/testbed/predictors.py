@@ -1,0 +1,67 @@
+"""Testbed predictors: the exact oracle, and the features that the learned (logistic) predictor reads.
+
+A testbed prefix is (tree, node id); the tree's prompt is the task index and each node's info holds the turn
+and mistakes so far, which is all the history the testbed's V depends on.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..predictors import OnlineLogisticPredictor, Prefix
+from .env import TestbedConfig, TestbedTask
+from .policy import SoftmaxPolicy
+
+
+def prefix_state(tasks: dict[int, TestbedTask], prefix: Prefix) -> tuple[TestbedTask, int, int]:
+    tree, nid = prefix
+    info = tree[nid].info
+    return tasks[tree.prompt], int(info.get("turn", 0)), int(info.get("mistakes", 0))
+
+
+class OraclePredictor:
+    """Exact V(H) under the current policy: the best any predictor can do."""
+
+    def __init__(self, tasks: dict[int, TestbedTask], policy: SoftmaxPolicy):
+        self.tasks, self.policy = tasks, policy
+
+    def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        return np.array([self.policy.value(*prefix_state(self.tasks, p)) for p in prefixes], dtype=np.float64)
+
+    def update(self, prefixes, targets, weights=None) -> float:
+        return float(np.mean((self.predict(prefixes) - targets) ** 2)) if len(prefixes) else 0.0
+
+
+class TestbedFeatures:
+    """Features of a prefix: prompt fields the agent can see, plus which (kind, turn) steps are still ahead.
+
+    logit V ~ sum over remaining turns of a per-(kind, turn) weight is the log of a product of per-turn
+    success chances, which is what V is when no mistakes are allowed; tolerance and hint refine it.
+    """
+
+    def __init__(self, config: TestbedConfig, tasks: dict[int, TestbedTask]):
+        self.config, self.tasks = config, tasks
+        self.k, self.T = config.num_kinds, config.max_turns
+        self.tol = config.max_tolerance + 2
+        self.dim = 4 + self.k * self.T + self.tol + self.T + 1
+
+    def __call__(self, prefixes: Sequence[Prefix]) -> np.ndarray:
+        x = np.zeros((len(prefixes), self.dim))
+        for row, prefix in enumerate(prefixes):
+            task, turn, mistakes = prefix_state(self.tasks, prefix)
+            remaining = task.horizon - turn
+            x[row, :4] = (1.0, task.hint, task.hint**2, task.hint * remaining)
+            o = 4
+            x[row, o + task.kind * self.T + turn : o + task.kind * self.T + task.horizon] = 1.0
+            o += self.k * self.T
+            x[row, o + min(max(task.tolerance - mistakes + 1, 0), self.tol - 1)] = 1.0  # slot 0: already doomed
+            o += self.tol
+            x[row, o + min(remaining, self.T)] = 1.0
+        return x
+
+
+def learned_predictor(config: TestbedConfig, tasks: dict[int, TestbedTask], lr: float = 0.05, seed: int = 0) -> OnlineLogisticPredictor:
+    features = TestbedFeatures(config, tasks)
+    return OnlineLogisticPredictor(features, features.dim, lr=lr, seed=seed)

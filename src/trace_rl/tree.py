@@ -1,0 +1,189 @@
+"""Rollout trees: one tree per prompt, one node per ReAct turn <thought, action, observation>.
+
+The root is the prompt itself (depth 0); a bare rollout is a chain of turns below the root; a branch is a
+continuation grown from a turn node of a bare rollout (an anchor) after the environment was forked there.
+Node ids are path strings without underscores ("3.0.2": prompt 3, its first turn-1 node, that node's third
+child), so an id alone says where a node sits and trees serialise to JSON-lines without an index.
+
+Token ids, loss masks and log-probabilities live on the node that produced them, turn by turn, so a trainer
+never re-tokenises a history: the tokens of a prefix are the concatenation of its path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+BARE, BRANCH, ROOT = "bare", "branch", "root"
+
+
+@dataclass
+class TurnNode:
+    """One turn (or the prompt, at depth 0) with what a trainer and a predictor need from it."""
+
+    node_id: str
+    thought: str = ""
+    action: str = ""
+    observation: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # 1 for policy tokens, 0 for observation/template
+    logprobs: list[float] = field(default_factory=list)  # sampling log-probs of the policy tokens
+    terminal: bool = False
+    reward: float | None = None  # set on terminal nodes only
+    origin: str = BARE  # root | bare | branch
+    predicted: float | None = None  # V~(history up to this node) when the allocator looked at it
+    target: float | None = None  # V^: mean terminal reward of the leaves below
+    leaves: int = 0  # n_y: number of leaves below (1 for a leaf)
+    children: list[str] = field(default_factory=list)
+    info: dict = field(default_factory=dict)  # environment-specific state (e.g. the testbed's turn features)
+
+    @property
+    def depth(self) -> int:
+        return self.node_id.count(".")
+
+    @property
+    def parent_id(self) -> str | None:
+        return self.node_id.rsplit(".", 1)[0] if "." in self.node_id else None
+
+
+class RolloutTree:
+    """The tree of all rollouts of one prompt."""
+
+    def __init__(self, root_id: str | int, prompt: object = None, predicted: float | None = None):
+        root_id = str(root_id)
+        if not root_id or "." in root_id or "_" in root_id:
+            raise ValueError(f"root_id must be a non-empty id without '.' or '_', got {root_id!r}")
+        self.prompt = prompt
+        self.root_id = root_id
+        self.nodes: dict[str, TurnNode] = {root_id: TurnNode(root_id, origin=ROOT, predicted=predicted)}
+
+    @property
+    def root(self) -> TurnNode:
+        return self.nodes[self.root_id]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, node_id: str) -> TurnNode:
+        return self.nodes[node_id]
+
+    def add_turn(self, parent_id: str, **fields) -> TurnNode:
+        """Append a child turn under `parent_id`; its id is the parent's id plus the child's index."""
+        parent = self.nodes.get(parent_id)
+        if parent is None:
+            raise KeyError(f"no node {parent_id!r} in tree {self.root_id!r}")
+        if parent.terminal:
+            raise ValueError(f"node {parent_id!r} is terminal; a turn cannot follow it")
+        node = TurnNode(f"{parent_id}.{len(parent.children)}", **fields)
+        parent.children.append(node.node_id)
+        self.nodes[node.node_id] = node
+        return node
+
+    def children(self, node_id: str) -> list[TurnNode]:
+        return [self.nodes[c] for c in self.nodes[node_id].children]
+
+    def path(self, node_id: str) -> list[TurnNode]:
+        """Nodes from the root down to `node_id`, both included."""
+        parts = node_id.split(".")
+        return [self.nodes[".".join(parts[: i + 1])] for i in range(len(parts))]
+
+    def leaves(self) -> list[TurnNode]:
+        return [n for n in self.nodes.values() if not n.children and n.origin != ROOT]
+
+    def turns(self) -> Iterator[TurnNode]:
+        return (n for n in self.nodes.values() if n.origin != ROOT)
+
+    def rewards(self) -> list[float]:
+        return [float(n.reward) for n in self.leaves() if n.reward is not None]
+
+    def is_mixed(self) -> bool:
+        """True when the tree holds a success leaf and a failure leaf (reward above / at most 0.5)."""
+        r = self.rewards()
+        return any(x > 0.5 for x in r) and any(x <= 0.5 for x in r)
+
+    def anchors(self) -> list[tuple[TurnNode, float]]:
+        """Stage-2 candidates: non-terminal turn nodes of bare rollouts, each with its rollout's reward r_ij."""
+        out = []
+        for first in self.children(self.root_id):
+            chain = [first]
+            while chain[-1].children:
+                bare = [c for c in self.children(chain[-1].node_id) if c.origin == BARE]
+                if not bare:
+                    break
+                chain.append(bare[0])
+            end = chain[-1]
+            if not end.terminal or end.reward is None:
+                continue  # an unfinished rollout has no observed outcome to flip
+            out.extend((node, float(end.reward)) for node in chain[:-1])
+        return out
+
+    def compute_targets(self) -> None:
+        """Recursive targets: a leaf has V^ = r and n = 1; an inner node the leaf-weighted mean of its children."""
+        for node in sorted(self.nodes.values(), key=lambda n: -n.depth):
+            if not node.children:
+                if node.origin == ROOT:
+                    node.target, node.leaves = None, 0
+                    continue
+                if node.reward is None:
+                    raise ValueError(f"leaf {node.node_id!r} has no reward; finish the rollout before targets")
+                node.target, node.leaves = float(node.reward), 1
+            else:
+                kids = self.children(node.node_id)
+                node.leaves = sum(k.leaves for k in kids)
+                node.target = sum(k.leaves * k.target for k in kids) / node.leaves
+
+    def to_dict(self) -> dict:
+        return {"root_id": self.root_id, "prompt": self.prompt, "nodes": [asdict(n) for n in self.nodes.values()]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RolloutTree":
+        tree = cls(data["root_id"], data.get("prompt"))
+        tree.nodes = {}
+        for raw in data["nodes"]:
+            node = TurnNode(**raw)
+            tree.nodes[node.node_id] = node
+        if tree.root_id not in tree.nodes:
+            raise ValueError(f"tree {tree.root_id!r} has no root node")
+        return tree
+
+
+def save_trees(path: str | Path, trees: Iterable[RolloutTree], append: bool = False) -> None:
+    """Write one tree per line (JSON-lines)."""
+    with open(path, "a" if append else "w", encoding="utf-8") as fh:
+        for tree in trees:
+            fh.write(json.dumps(tree.to_dict()) + "\n")
+
+
+def load_trees(path: str | Path) -> list[RolloutTree]:
+    trees = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                trees.append(RolloutTree.from_dict(json.loads(line)))
+            except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+                raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree ({err})") from None
+    return trees
+
+
+def turn_rows(tree: RolloutTree, advantages: dict[str, float]) -> list[dict]:
+    """Flatten a tree to training rows: each turn node once, with its tokens, mask, log-probs and advantage."""
+    rows = []
+    for node in tree.turns():
+        if node.node_id not in advantages:
+            continue
+        rows.append(
+            {
+                "node_id": node.node_id,
+                "depth": node.depth,
+                "token_ids": node.token_ids,
+                "loss_mask": node.loss_mask,
+                "logprobs": node.logprobs,
+                "advantage": float(advantages[node.node_id]),
+                "info": node.info,
+            }
+        )
+    return rows

@@ -1,0 +1,23 @@
+import pytest
+
+from trace_rl.tree import BARE, BRANCH, RolloutTree
+
+
+@pytest.fixture
+def small_tree() -> RolloutTree:
+    """Two bare rollouts (success, failure) and one branch from the failure's first turn that succeeds.
+
+    0 ── 0.0 ── 0.0.0 (r=1)
+     └── 0.1 ── 0.1.0 (r=0)
+              └ 0.1.1 (r=1, branch)
+    """
+    tree = RolloutTree(0, prompt="p0")
+    a = tree.add_turn("0", action="a", token_ids=[1, 2], loss_mask=[1, 1])
+    tree.add_turn(a.node_id, action="b", terminal=True, reward=1.0)
+    c = tree.add_turn("0", action="c")
+    tree.add_turn(c.node_id, action="d", terminal=True, reward=0.0)
+    tree.add_turn(c.node_id, action="e", terminal=True, reward=1.0, origin=BRANCH)
+    return tree
+
+
+__all__ = ["BARE"]

@@ -1,0 +1,156 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from trace_rl.allocation import (
+    allocate_prefixes,
+    allocate_roots,
+    prefix_flip_prob,
+    prefix_value,
+    root_value,
+    spendable_root_budget,
+)
+
+
+def knapsack_dp(v, budget, max_per_prompt, skip=True):
+    """Brute-force exact DP over m_i in {0, 2..max} (or {2..max}): best value with exactly b rollouts."""
+    choices = ([0] if skip else []) + list(range(2, max_per_prompt + 1))
+    best = np.full(budget + 1, -np.inf)
+    best[0] = 0.0
+    for vi in v:
+        nxt = np.full(budget + 1, -np.inf)
+        for m in choices:
+            if m <= budget:
+                nxt[m:] = np.maximum(nxt[m:], best[: budget + 1 - m] + root_value(vi, m))
+        best = nxt
+    return best
+
+
+def random_probs(rng, n):
+    kind = rng.integers(5)
+    if kind == 0:
+        return rng.random(n)
+    if kind == 1:
+        return rng.choice([0.0, 1.0, 0.5, 0.3, 0.7], n)  # exact ties and hopeless / trivial prompts
+    if kind == 2:
+        return np.round(rng.random(n), 1)
+    if kind == 3:
+        return rng.choice([0.2, 0.8], n)  # v and 1-v give equal gains
+    return rng.beta(0.3, 0.3, n)
+
+
+def test_root_value_and_flip_prob():
+    assert root_value(0.5, 2) == pytest.approx(0.5)
+    assert root_value(0.5, 1) == 0.0 and root_value(0.5, 0) == 0.0
+    assert root_value(0.0, 8) == 0.0 and root_value(1.0, 8) == 0.0
+    assert prefix_flip_prob(1, 0.9) == pytest.approx(0.1)
+    assert prefix_flip_prob(0, 0.9) == pytest.approx(0.9)
+
+
+def test_roots_match_brute_force_dp_on_thousands_of_instances():
+    rng = np.random.default_rng(0)
+    checked = 0
+    for trial in range(3000):
+        n = int(rng.integers(0, 8))
+        mmax = int(rng.integers(2, 7))
+        budget = int(rng.integers(0, n * mmax + 5))  # includes budgets the pool cannot absorb
+        v = random_probs(rng, n)
+        m = allocate_roots(v, budget, mmax, seed=trial)
+        spend = spendable_root_budget(n, budget, mmax)
+        assert m.dtype.kind == "i" and m.shape == (n,)
+        assert m.sum() == spend
+        assert not np.any(m == 1) and m.min(initial=0) >= 0 and m.max(initial=0) <= mmax
+        best = knapsack_dp(v, spend, mmax)[spend]
+        assert root_value(v, m).sum() == pytest.approx(best, abs=1e-9), (v, budget, mmax, m)
+        checked += 1
+    assert checked == 3000
+
+
+def test_roots_exact_on_larger_pools():
+    rng = np.random.default_rng(1)
+    for trial in range(40):
+        v = random_probs(rng, 40)
+        mmax = int(rng.integers(3, 9))
+        budget = int(rng.integers(0, 40 * mmax))
+        m = allocate_roots(v, budget, mmax, seed=trial)
+        assert root_value(v, m).sum() == pytest.approx(knapsack_dp(v, int(m.sum()), mmax)[-1], abs=1e-9)
+
+
+def test_budget_rule_when_exact_spend_is_impossible():
+    assert spendable_root_budget(5, 1, 8) == 0  # one rollout alone is never allowed
+    assert spendable_root_budget(5, 7, 2) == 6  # every prompt takes 0 or 2
+    assert spendable_root_budget(3, 100, 4) == 12  # the pool absorbs at most B * m_max
+    assert allocate_roots([0.5] * 5, 7, 2).sum() == 6
+    assert allocate_roots([0.5, 0.5], 100, 4).tolist() == [4, 4]
+
+
+def test_roots_skip_hopeless_and_trivial_prompts():
+    m = allocate_roots([0.0, 1.0, 0.5, 0.4, 0.6, 1.0], 8, 8)
+    assert m[0] == 0 and m[1] == 0 and m[5] == 0
+    assert m[2:5].sum() == 8
+
+
+def test_roots_ties_are_seeded_and_reproducible():
+    v = np.full(10, 0.5)
+    a = allocate_roots(v, 9, 4, seed=3)
+    assert np.array_equal(a, allocate_roots(v, 9, 4, seed=3))
+    picks = {tuple(allocate_roots(v, 9, 4, seed=s)) for s in range(20)}
+    assert len(picks) > 1  # different seeds break the ties differently
+
+
+def test_roots_without_skipping_give_everyone_two():
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        v = random_probs(rng, 6)
+        budget = int(rng.integers(12, 6 * 6 + 1))
+        m = allocate_roots(v, budget, 6, skip=False)
+        assert m.min() >= 2 and m.sum() == budget
+        assert root_value(v, m).sum() == pytest.approx(knapsack_dp(v, budget, 6, skip=False)[budget], abs=1e-9)
+    with pytest.raises(ValueError, match="budget"):
+        allocate_roots([0.5, 0.5], 3, 4, skip=False)
+
+
+def brute_prefix(q, budget):
+    best = -1.0
+    for counts in itertools.product(range(budget + 1), repeat=len(q)):
+        if sum(counts) == budget:
+            best = max(best, prefix_value(q, counts))
+    return best
+
+
+def test_prefixes_match_brute_force():
+    rng = np.random.default_rng(3)
+    for trial in range(1500):
+        n = int(rng.integers(1, 5))
+        budget = int(rng.integers(0, 7))
+        q = random_probs(rng, n)
+        k = allocate_prefixes(q, budget, seed=trial)
+        assert k.sum() == budget and k.min() >= 0
+        assert prefix_value(q, k) == pytest.approx(brute_prefix(q, budget), abs=1e-12)
+
+
+def test_prefixes_spread_zero_gain_budget_and_handle_empty():
+    k = allocate_prefixes([0.0, 0.0, 0.0], 6)
+    assert k.tolist() == [2, 2, 2]
+    k = allocate_prefixes([1.0, 0.0], 3)
+    assert k[0] >= 1 and k.sum() == 3
+    assert allocate_prefixes([], 5).size == 0
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: allocate_roots([0.5, np.nan], 4, 4), "v must hold probabilities"),
+        (lambda: allocate_roots([0.5, 1.2], 4, 4), "v must hold probabilities"),
+        (lambda: allocate_roots([[0.5]], 4, 4), "v must be a 1-D"),
+        (lambda: allocate_roots([0.5], -1, 4), "budget must be non-negative"),
+        (lambda: allocate_roots([0.5], 2.5, 4), "budget must be a non-negative integer"),
+        (lambda: allocate_roots([0.5], 4, 1), "max_per_prompt"),
+        (lambda: allocate_prefixes([-0.1], 3), "flip_prob"),
+        (lambda: allocate_prefixes([0.5], -2), "budget"),
+    ],
+)
+def test_bad_input_names_the_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
