@@ -1,5 +1,5 @@
 # The whole set-up is `make demo` (the main job) and `make test` (the suite); both create .venv first.
-.PHONY: install demo ablation propositions bench test clean
+.PHONY: install demo evidence ablation propositions bench test clean
 
 install: .venv/.installed
 
@@ -9,6 +9,11 @@ install: .venv/.installed
 
 demo: install
 	.venv/bin/trace-rl simulate --out runs/simulate
+
+evidence: install
+	.venv/bin/trace-rl simulate --seeds 0,1,2,3 --out runs/simulate
+	.venv/bin/trace-rl simulate --ablation --seeds 0,1,2,3 --out runs/ablation
+	.venv/bin/trace-rl propositions
 
 ablation: install
 	.venv/bin/trace-rl simulate --ablation --out runs/ablation

@@ -7,13 +7,17 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from .baselines import METHODS, BudgetPlan
 
 
 def _simulate(args: argparse.Namespace) -> None:
     from .plots import plot_metric
     from .testbed import TestbedConfig
-    from .testbed.simulate import ABLATION_METHODS, DEFAULT_METHODS, SimulateArgs, format_table, run_simulation, summarize
+    from .testbed.simulate import (
+        ABLATION_METHODS, DEFAULT_METHODS, SimulateArgs, average_runs, format_table, run_simulation, summarize,
+    )
 
     methods = tuple(args.methods.split(",")) if args.methods else (ABLATION_METHODS if args.ablation else DEFAULT_METHODS)
     unknown = [m for m in methods if m not in METHODS]
@@ -21,24 +25,39 @@ def _simulate(args: argparse.Namespace) -> None:
         raise ValueError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
     if args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
-    mix = tuple(float(x) for x in args.mix.split(",")) if args.mix else TestbedConfig.difficulty_mix
-    sim = SimulateArgs(
-        methods=methods, steps=args.steps, seed=args.seed, out_dir=args.out,
-        plan=BudgetPlan(args.prompts, args.rollouts_per_prompt, args.branch_factor, args.pool_factor, args.max_per_prompt),
-        testbed=TestbedConfig(difficulty_mix=mix, seed=args.seed), prefix_share=args.prefix_share,
-        save_trees_every=args.save_trees_every,
-    )
-    results = run_simulation(sim)
+    try:
+        mix = tuple(float(x) for x in args.mix.split(",")) if args.mix else TestbedConfig.difficulty_mix
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    except ValueError:
+        raise ValueError("--mix takes three numbers and --seeds integers, comma-separated") from None
+    out = Path(args.out)
+    runs = []
+    for seed in seeds:
+        if len(seeds) > 1:
+            print(f"seed {seed}", file=sys.stderr)
+        sim = SimulateArgs(
+            methods=methods, steps=args.steps, seed=seed, out_dir=str(out / f"seed{seed}") if len(seeds) > 1 else str(out),
+            plan=BudgetPlan(args.prompts, args.rollouts_per_prompt, args.branch_factor, args.pool_factor, args.max_per_prompt),
+            testbed=TestbedConfig(difficulty_mix=mix, seed=seed), prefix_share=args.prefix_share,
+            save_trees_every=args.save_trees_every,
+        )
+        runs.append(run_simulation(sim))
+    results = average_runs(runs)
     baseline = "grpo" if "grpo" in results else ("trace_uniform" if "trace_uniform" in results else methods[0])
     rows = summarize(results, baseline=baseline)
+    if len(seeds) > 1:
+        for row in rows:
+            row["er_per_seed"] = " ".join(f"{np.mean([r['effective_ratio'] for r in run[row['method']]]):.3f}" for run in runs)
     table = format_table(rows)
+    if len(seeds) > 1:
+        table = f"mean over seeds {seeds}\n" + table
     print(table)
-    out = Path(args.out)
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
     (out / "summary.txt").write_text(table + "\n")
     plot_metric(results, "effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)", smooth=5)
     plot_metric(results, "accuracy", out / "accuracy.png", "Exact held-out accuracy")
-    print(f"\nwrote {out}/metrics.jsonl, summary.json, effective_ratio.png, accuracy.png")
+    where = ", ".join(f"{out}/seed{s}/metrics.jsonl" for s in seeds) if len(seeds) > 1 else f"{out}/metrics.jsonl"
+    print(f"\nwrote {where}, {out}/summary.json, effective_ratio.png, accuracy.png")
 
 
 def _propositions(args: argparse.Namespace) -> None:
@@ -65,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--ablation", action="store_true", help="run TRACE's root x prefix ablation instead of the baselines")
     sim.add_argument("--steps", type=int, default=40, help="training steps per method")
     sim.add_argument("--seed", type=int, default=0, help="one seed reproduces the run")
+    sim.add_argument("--seeds", help="comma-separated seeds: run each and report the step-wise mean")
     sim.add_argument("--out", default="runs/simulate", help="run directory")
     sim.add_argument("--prompts", type=int, default=32, help="P: prompts per step for flat methods")
     sim.add_argument("--rollouts-per-prompt", type=int, default=8, help="n: GRPO group size")

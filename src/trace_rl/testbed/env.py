@@ -26,6 +26,8 @@ DIFFICULTY_BANDS = {"easy": (0.0, 0.02), "medium": (0.1, 0.4), "hard": (0.85, 0.
 class TestbedTask:
     """One prompt of the testbed."""
 
+    __test__ = False  # not a pytest class, despite the name
+
     index: int
     kind: int  # which action sequence is right
     horizon: int  # number of turns
@@ -37,6 +39,8 @@ class TestbedTask:
 @dataclass(frozen=True)
 class TestbedConfig:
     """Shape of the task family."""
+
+    __test__ = False  # not a pytest class, despite the name
 
     num_kinds: int = 8  # task kinds, each with its own right action per turn
     num_actions: int = 4  # actions available at each turn
@@ -97,6 +101,8 @@ def value_table(task: TestbedTask, turn_success: np.ndarray) -> np.ndarray:
 
 class TestbedEnv:
     """The environment protocol: reset(task) -> obs, step(action) -> (obs, reward, done, info), fork()."""
+
+    __test__ = False  # not a pytest class, despite the name
 
     def __init__(self, config: TestbedConfig, rng: np.random.Generator, right: np.ndarray | None = None):
         self.config = config

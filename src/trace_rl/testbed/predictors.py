@@ -41,6 +41,8 @@ class TestbedFeatures:
     success chances, which is what V is when no mistakes are allowed; tolerance and hint refine it.
     """
 
+    __test__ = False  # not a pytest class, despite the name
+
     def __init__(self, config: TestbedConfig, tasks: dict[int, TestbedTask]):
         self.config, self.tasks = config, tasks
         self.k, self.T = config.num_kinds, config.max_turns

@@ -28,7 +28,7 @@ from .policy import SoftmaxPolicy
 from .predictors import OraclePredictor, learned_predictor
 
 DEFAULT_METHODS = ("grpo", "pcl", "knapsack_rl", "treepo", "tree_grpo", "trace", "trace_oracle")
-ABLATION_METHODS = ("trace_uniform", "trace_root_only", "trace_prefix_only", "trace_oracle")
+ABLATION_METHODS = ("trace_uniform", "trace_root_only", "trace_prefix_only", "trace", "trace_oracle")
 
 
 @dataclass
@@ -204,6 +204,24 @@ def run_simulation(args: SimulateArgs) -> dict[str, list[dict]]:
             print(file=sys.stderr)
         results[method.name] = records
     return results
+
+
+def average_runs(runs: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
+    """Step-wise mean of every numeric field over runs with different seeds (same methods and steps)."""
+    out: dict[str, list[dict]] = {}
+    for name in runs[0]:
+        out[name] = []
+        for step, first in enumerate(runs[0][name]):
+            recs = [run[name][step] for run in runs]
+            avg = {}
+            for k, v in first.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and all(k in r for r in recs):
+                    mean = float(np.mean([r[k] for r in recs]))
+                    v = int(round(mean)) if isinstance(v, int) else mean
+                avg[k] = v
+            avg["step"] = step
+            out[name].append(avg)
+    return out
 
 
 def summarize(results: dict[str, list[dict]], baseline: str = "grpo") -> list[dict]:

@@ -1,0 +1,58 @@
+import numpy as np
+import pytest
+
+from trace_rl.baselines import (
+    METHODS,
+    BudgetPlan,
+    allocate_method_prefixes,
+    allocate_method_roots,
+    get_method,
+    uniform_split,
+)
+
+
+@pytest.fixture
+def plan():
+    return BudgetPlan(prompts=4, rollouts_per_prompt=8, branch_factor=1, pool_factor=3, max_per_prompt=8)
+
+
+def test_equal_cost_in_rollouts(plan):
+    v = np.linspace(0.01, 0.99, plan.pool)
+    for method in METHODS.values():
+        m = allocate_method_roots(method, v, plan, seed=1)
+        roots = int(m.sum())
+        prefix = roots * plan.branch_factor if method.branches else 0
+        assert roots + prefix == plan.total, method.name
+        assert not np.any(m == 1)
+
+
+def test_uniform_and_pcl_and_active(plan):
+    v = np.array([0.0, 1.0, 0.5, 0.45, 0.9, 0.1, 0.55, 1.0, 0.0, 0.6, 0.3, 0.0])
+    m = allocate_method_roots(get_method("grpo"), v, plan)
+    assert m[:4].tolist() == [8, 8, 8, 8] and m[4:].sum() == 0
+    m = allocate_method_roots(get_method("pcl"), v, plan)
+    assert sorted(np.flatnonzero(m).tolist()) == [2, 3, 6, 9]
+    m = allocate_method_roots(get_method("trace"), v, plan)
+    assert m[[0, 1, 7, 8, 11]].sum() == 0  # hopeless and trivial prompts are skipped
+    m = allocate_method_roots(get_method("knapsack_rl"), v, plan)
+    assert m[:4].min() >= 2 and m[4:].sum() == 0 and m.sum() == 32
+
+
+def test_prefix_strategies():
+    rng = np.random.default_rng(0)
+    q = np.array([0.0, 0.9, 0.1])
+    assert allocate_method_prefixes(get_method("grpo"), q, 4, rng).sum() == 0
+    k = allocate_method_prefixes(get_method("trace"), q, 4, rng)
+    assert k.sum() == 4 and k[0] == 0 and k[1] >= 2
+    k = allocate_method_prefixes(get_method("treepo"), q, 400, rng)
+    assert k.sum() == 400 and k.min() > 80  # random branch points ignore q
+
+
+def test_uniform_split_and_errors():
+    assert uniform_split(3, 8).tolist() == [3, 3, 2]
+    with pytest.raises(ValueError, match="unknown method"):
+        get_method("ppo")
+    with pytest.raises(ValueError, match="prompts"):
+        BudgetPlan(prompts=0)
+    with pytest.raises(ValueError, match="max_per_prompt"):
+        BudgetPlan(max_per_prompt=1)

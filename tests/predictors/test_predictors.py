@@ -1,0 +1,59 @@
+import numpy as np
+import pytest
+
+from trace_rl.predictors import OnlineLogisticPredictor, RewardHistoryPredictor, training_examples
+from trace_rl.tree import RolloutTree
+
+
+def make_tree(idx, rewards, depth=2):
+    tree = RolloutTree(idx, prompt=f"p{idx}")
+    for r in rewards:
+        parent = "%d" % idx
+        for _ in range(depth - 1):
+            parent = tree.add_turn(parent).node_id
+        tree.add_turn(parent, terminal=True, reward=r)
+    b = tree.add_turn(f"{idx}.0", terminal=True, reward=1 - rewards[0])  # a branch makes 0.0 informative
+    assert b.node_id == f"{idx}.0.1"
+    return tree
+
+
+def test_training_examples_roots_plus_informative_prefixes():
+    trees = [make_tree(i, [1.0, 0.0]) for i in range(10)]
+    ex, y = training_examples(trees, prefix_share=0.5, rng=np.random.default_rng(0))
+    roots = [e for e in ex if e[1] == e[0].root_id]
+    inner = [e for e in ex if e[1] != e[0].root_id]
+    assert len(roots) == 10 and len(inner) == 10
+    assert all(e[0][e[1]].leaves >= 2 for e in inner)
+    ex, _ = training_examples(trees, prefix_share=0.1, rng=np.random.default_rng(0))
+    assert len(ex) == 10 + 1  # round(0.1 * 10 / 0.9) prefixes
+    assert np.all((y >= 0) & (y <= 1))
+    with pytest.raises(ValueError, match="prefix_share"):
+        training_examples(trees, prefix_share=1.0, rng=np.random.default_rng(0))
+
+
+def test_reward_history_cold_start_and_decay():
+    pred = RewardHistoryPredictor(decay=0.5)
+    t = RolloutTree(1, prompt="a")
+    u = RolloutTree(2, prompt="b")
+    assert pred.predict([(t, "1")]).tolist() == [0.5]
+    pred.update([(t, "1")], np.array([1.0]))
+    pred.update([(t, "1")], np.array([0.0]))
+    assert pred.predict([(t, "1")])[0] == pytest.approx(0.5)
+    pred.update([(u, "2")], np.array([0.0]))
+    assert pred.predict([(RolloutTree(3, prompt="c"), "3")])[0] == pytest.approx(0.25)  # prior = mean seen
+
+
+def test_logistic_learns_a_separable_signal():
+    rng = np.random.default_rng(0)
+    trees = [RolloutTree(i, prompt=i) for i in range(200)]
+    feats = {i: np.array([1.0, (i % 2) * 2 - 1.0]) for i in range(200)}
+    featurize = lambda prefixes: np.stack([feats[t.prompt] for t, _ in prefixes])
+    pred = OnlineLogisticPredictor(featurize, 2, lr=0.1, seed=0)
+    prefixes = [(t, t.root_id) for t in trees]
+    y = np.array([0.9 if i % 2 else 0.1 for i in range(200)])
+    first = pred.update(prefixes, y)
+    for _ in range(20):
+        last = pred.update(prefixes, y + rng.normal(0, 0.01, 200).clip(-0.05, 0.05))
+    p = pred.predict(prefixes)
+    assert last < first
+    assert abs(p[1] - 0.9) < 0.05 and abs(p[0] - 0.1) < 0.05
