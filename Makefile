@@ -1,11 +1,14 @@
 # The whole set-up is `make demo` (the main job) and `make test` (the suite); both create .venv first.
-.PHONY: install demo evidence ablation propositions bench test clean
+.PHONY: install models demo evidence ablation propositions bench test clean
 
 install: .venv/.installed
 
 .venv/.installed: pyproject.toml scripts/install.sh
 	scripts/install.sh
 	touch $@
+
+models: install
+	MODELS=1 scripts/install.sh
 
 demo: install
 	.venv/bin/trace-rl simulate --out runs/simulate

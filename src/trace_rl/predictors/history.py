@@ -6,6 +6,7 @@ seen gets the mean of all prompts seen so far (0.5 before the first update).
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 import numpy as np
@@ -22,8 +23,11 @@ class RewardHistoryPredictor:
         self.values: dict[object, float] = {}
 
     def _key(self, prefix: Prefix):
-        tree, _ = prefix
-        return tree.prompt if tree.prompt is not None else tree.root_id
+        """A prompt's identity: its question (LM tasks are dicts), else the prompt itself, else the root id."""
+        prompt = prefix[0].prompt
+        if isinstance(prompt, dict):
+            return prompt.get("id") or prompt.get("question") or json.dumps(prompt, sort_keys=True, default=str)
+        return prompt if prompt is not None else prefix[0].root_id
 
     def prior(self) -> float:
         return float(np.mean(list(self.values.values()))) if self.values else 0.5

@@ -22,6 +22,7 @@ from ..allocation import prefix_flip_prob
 from ..baselines import BudgetPlan, Method, allocate_method_prefixes, allocate_method_roots, get_method
 from ..metrics import effective_ratio, mean_reward, tree_budget
 from ..predictors import RewardHistoryPredictor, training_examples
+from ..predictors.diagnostics import node_records, step_diagnostics
 from ..tree import BARE, BRANCH, RolloutTree, save_trees, turn_rows
 from .env import TestbedConfig, TestbedEnv, TestbedTask, make_tasks
 from .policy import SoftmaxPolicy
@@ -163,6 +164,7 @@ class MethodRun:
             "train_reward": mean_reward(active), "rollouts": budget.rollouts,
             "continuations": budget.continuations, "turns": budget.turns, "prefix_turns": budget.prefix_turns,
             "predictor_loss": pred_loss, **{f"time_{k}": v for k, v in clock.items()},
+            **step_diagnostics(active),
         }
         return record, trees
 
@@ -178,6 +180,7 @@ def run_simulation(args: SimulateArgs) -> dict[str, list[dict]]:
     if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").write_text("")
+        (out / "predictions.jsonl").write_text("")
         (out / "args.json").write_text(json.dumps(asdict(args), indent=2, default=str))
     results: dict[str, list[dict]] = {}
     for mi, method in enumerate(methods):
@@ -194,6 +197,9 @@ def run_simulation(args: SimulateArgs) -> dict[str, list[dict]]:
             if out:
                 with open(out / "metrics.jsonl", "a") as fh:
                     fh.write(json.dumps(record) + "\n")
+                with open(out / "predictions.jsonl", "a") as fh:
+                    for rec in node_records(t for t in trees if t.root.children):
+                        fh.write(json.dumps({"method": method.name, "step": step, **rec}) + "\n")
                 if args.save_trees_every and (step + 1) % args.save_trees_every == 0:
                     save_trees(out / f"trees_{method.name}.jsonl", [t for t in trees if t.root.children], append=True)
             if args.progress:

@@ -1,0 +1,1 @@
+"""Agentic environments behind one protocol (see base.py)."""

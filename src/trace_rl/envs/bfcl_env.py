@@ -1,0 +1,241 @@
+"""BFCL multi-turn function calling (base, long_context, miss_func, miss_param) from the `bfcl-eval` package.
+
+Install it with `pip install --no-deps bfcl-eval mpmath` (a plain install pulls a CUDA torch and pins numpy).
+
+An episode walks through the entry's user turns. Within a turn the agent acts with
+`Action: call[f(a=1), g(b='x')]` (the calls run in order on this rollout's own backend instances and their
+results come back as the observation) and ends the turn with `Action: done[]`; the next user message (or,
+in miss_func, the announcement of the functions that come back) is the next observation. Backend instances
+are created fresh for every rollout and deep-copied on fork: BFCL's own executor caches instances in module
+globals keyed by model name and entry id, which would leak state across rollouts. Calls are parsed with
+`ast` and arguments must be literals (nothing is eval'ed). The reward is BFCL's own verdict: its
+multi_turn_checker (state and response checks per turn, run under a unique model name whose cached
+globals are removed afterwards) and its irrelevance checker for turns that must not call anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib
+import importlib.util
+import inspect
+import itertools
+import json
+from pathlib import Path
+
+from .base import parse_action
+
+CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
+TOOLS = ("call", "done")
+_run_ids = itertools.count()
+
+
+def bfcl_root() -> Path:
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("BFCL needs the bfcl-eval package: pip install --no-deps bfcl-eval mpmath")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _literal(value):
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+    return value
+
+
+def load_bfcl(category: str = "multi_turn_base", limit: int | None = None) -> list[dict]:
+    """Entries with their ground truth under 'answer'; list-valued fields stored as strings are parsed."""
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown BFCL category {category!r}; choose from {CATEGORIES}")
+    root = bfcl_root() / "data"
+    entries = [json.loads(l) for l in (root / f"BFCL_v4_{category}.json").read_text().splitlines() if l.strip()]
+    truth = {}
+    for line in (root / "possible_answer" / f"BFCL_v4_{category}.json").read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            truth[row["id"]] = row["ground_truth"]
+    out = []
+    for i, e in enumerate(entries[:limit]):
+        e = {k: _literal(v) for k, v in e.items()}
+        e.update(index=i, answer=truth[e["id"]], data_source=f"bfcl_{category}", category=category)
+        out.append(e)
+    return out
+
+
+def _docs(classes: list[str]) -> dict[str, dict]:
+    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+
+    docs = {}
+    for cls in classes:
+        path = bfcl_root() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[cls]
+        for line in path.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line)
+                docs[d["name"]] = d
+    return docs
+
+
+def describe(doc: dict) -> str:
+    props = doc.get("parameters", {}).get("properties", {})
+    req = set(doc.get("parameters", {}).get("required", []))
+    args = ", ".join(f"{k}: {v.get('type', '?')}{'' if k in req else '=optional'}" for k, v in props.items())
+    desc = doc.get("description", "").split("Tool description:")[-1].strip()
+    return f"{doc['name']}({args}): {desc[:160]}"
+
+
+class BFCLEnv:
+    def __init__(self, steps_per_turn: int = 4):
+        self.steps_per_turn = steps_per_turn
+        self.task: dict | None = None
+        self.done = True
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def system_prompt(self) -> str:
+        tools = "\n".join(describe(self.docs[n]) for n in sorted(self.visible))
+        return (
+            "You operate tools for the user. Each user message is a turn: make the calls it needs, then end the "
+            "turn. If a request cannot be done with the tools or lacks information, make no call and end the turn.\n"
+            "Actions: call[f(a=1), g(b='x')] runs calls in order; done[] ends the turn.\n"
+            "Example:\nList the files here.\nAction: call[ls()]\nObservation: {\"current_directory_content\": [\"a.txt\"]}\n"
+            f"Action: done[]\nAvailable functions:\n{tools}"
+        )
+
+    def reset(self, task: dict) -> str:
+        from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+
+        self.task, self.done = task, False
+        self.turn_index, self.steps_in_turn, self.turn = 0, 0, 0
+        self.calls: list[list[list[str]]] = [[] for _ in task["question"]]
+        long_context = "long_context" in task["category"]
+        self.instances = {}
+        for cls in task["involved_classes"]:
+            obj = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[cls]), cls)()
+            if cls not in STATELESS_CLASSES:
+                obj._load_scenario(copy.deepcopy(task["initial_config"].get(cls, {})), long_context=long_context)
+            self.instances[cls] = obj
+        self.docs = _docs(task["involved_classes"])
+        missed = {n for names in task.get("missed_function", {}).values() for n in names}
+        excluded = set(task.get("excluded_function", []))
+        self.visible = {n for n in self.docs if n not in missed | excluded}
+        self.max_turns = len(task["question"]) * self.steps_per_turn
+        return self._user_turn()
+
+    def _user_turn(self) -> str:
+        k = self.turn_index
+        for name in self.task.get("missed_function", {}).get(str(k), []):
+            self.visible.add(name)
+        msgs = self.task["question"][k]
+        if msgs:
+            return "\n".join(m["content"] for m in msgs)
+        added = self.task.get("missed_function", {}).get(str(k), [])
+        return "New functions are available: " + "; ".join(describe(self.docs[n]) for n in added)
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        if self.done or self.task is None:
+            raise RuntimeError("step() after the episode ended; call reset() first")
+        self.turn += 1
+        self.steps_in_turn += 1
+        parsed = parse_action(action, TOOLS)
+        info = {"valid_action": parsed.tool is not None}
+        if parsed.tool == "call":
+            obs, info["valid_action"] = self._run_calls(parsed.argument)
+        elif parsed.tool == "done":
+            obs = None
+        else:
+            obs = parsed.error
+        if parsed.tool == "done" or self.steps_in_turn >= self.steps_per_turn:
+            self.turn_index += 1
+            self.steps_in_turn = 0
+            if self.turn_index >= len(self.task["question"]):
+                self.done = True
+                reward, verdict = self.score()
+                info["verdict"] = verdict
+                return "Episode finished.", reward, True, info
+            nxt = self._user_turn()
+            obs = nxt if obs is None else f"{obs}\nNext user message: {nxt}"
+        return obs, 0.0, False, info
+
+    def fork(self) -> "BFCLEnv":
+        twin = copy.copy(self)
+        twin.instances = copy.deepcopy(self.instances)
+        twin.calls = copy.deepcopy(self.calls)
+        twin.visible = set(self.visible)
+        return twin
+
+    # -- calls --------------------------------------------------------------------------------------
+    def _run_calls(self, text: str) -> tuple[str, bool]:
+        try:
+            tree = ast.parse("(" + text + ",)", mode="eval")
+            nodes = tree.body.elts if isinstance(tree.body, ast.Tuple) else [tree.body]
+            if not nodes or not all(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) for n in nodes):
+                raise ValueError("each item must be a call like name(arg=value)")
+        except (SyntaxError, ValueError) as err:
+            return f"Error: could not parse the calls ({err}). Write: call[f(a=1), g(b='x')]", False
+        results, strings, ok = [], [], True
+        for node in nodes:
+            name = node.func.id
+            strings.append(ast.unparse(node))
+            owner = next((o for o in self.instances.values() if name in self.visible and hasattr(o, name)
+                          and not name.startswith("_") and inspect.ismethod(getattr(o, name))), None)
+            if owner is None:
+                results.append(f"Error: no function named {name!r} is available")
+                ok = False
+                continue
+            try:
+                args = [ast.literal_eval(a) for a in node.args]
+                kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            except ValueError:
+                results.append(f"Error: arguments of {name} must be literal values")
+                ok = False
+                continue
+            try:
+                out = getattr(owner, name)(*args, **kwargs)
+                results.append(out if isinstance(out, str) else json.dumps(out, default=str))
+            except Exception as err:  # the backend's own error, shown as BFCL shows it
+                results.append(f"Error during execution: {err}")
+        self.calls[self.turn_index].append(strings)
+        return "\n".join(str(r) for r in results), ok
+
+    def score(self) -> tuple[float, dict]:
+        """BFCL's verdict on this episode's calls (state + response checks, then irrelevance)."""
+        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
+            multi_turn_checker,
+            multi_turn_irrelevance_checker,
+        )
+
+        name = f"trace_rl_run{next(_run_ids)}"
+        entry = {k: self.task[k] for k in ("id", "initial_config", "involved_classes")}
+        try:
+            verdict = multi_turn_checker(self.calls, self.task["answer"], entry, self.task["category"], name)
+            if verdict["valid"]:
+                verdict = multi_turn_irrelevance_checker(self.calls, self.task["answer"])
+        except Exception as err:  # the checker asserts on malformed inputs; that is a failed episode
+            verdict = {"valid": False, "error_message": f"checker error: {err}"}
+        finally:
+            for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
+                del vars(multi_turn_utils)[key]
+        return float(verdict["valid"]), {k: v for k, v in verdict.items() if k in ("valid", "error_message", "error_type")}
+
+
+def replay_ground_truth(task: dict, corrupt: bool = False) -> float:
+    """Run the ground-truth calls through a fresh env (optionally with the last call of the first non-empty
+    turn dropped) and return BFCL's verdict; used to show the env and the checker agree."""
+    env = BFCLEnv(steps_per_turn=3)
+    env.reset(task)
+    corrupted = False
+    reward = 0.0
+    for calls in task["answer"]:
+        if calls:
+            if corrupt and not corrupted:
+                calls, corrupted = calls[:-1], True
+            if calls:
+                env.step("Action: call[" + ", ".join(calls) + "]")
+        _, reward, done, _ = env.step("Action: done[]")
+        if done:
+            break
+    return reward

@@ -1,0 +1,132 @@
+"""The built-in task: arithmetic chains solved turn by turn with a calculator tool, exactly verified.
+
+"Compute 17 +25 *3 left to right." The agent calls calc[17+25] and reads "42. Next: *3", calls calc[42*3],
+reads "126. Next: answer", then answers answer[126]. The model never does arithmetic; it
+must copy the last result and the next operation into well-formed calls (the environment names the next
+operation after each valid call, counting calls, so a wrong copy is never corrected), and errors compound
+with chain length: `steps` (1-5) and `digits` (1-3) are the difficulty knobs. A scripted solver writes
+demonstrations for the warm start.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import operator
+
+import numpy as np
+
+from .base import parse_action
+
+OPS = {"+": ("Add", operator.add), "-": ("Subtract", operator.sub), "*": ("Multiply by", operator.mul)}
+TOOLS = ("calc", "answer")
+SYSTEM = (
+    "Tools: calc[expression], answer[number]. One calc per step.\n"
+    "Example: Compute 4 +5 *2 left to right.\nAction: calc[4+5]\nObservation: 9. Next: *2\n"
+    "Action: calc[9*2]\nObservation: 18. Next: answer\nAction: answer[18]"
+)
+
+
+def make_task(rng: np.random.Generator, steps: int, digits: int, index: int = 0) -> dict:
+    hi = 10**digits
+    start = int(rng.integers(1, hi))
+    ops = []
+    for _ in range(steps):
+        op = str(rng.choice(["+", "-", "*"] if digits == 1 else ["+", "-", "+", "-", "*"]))
+        ops.append((op, int(rng.integers(2, 10)) if op == "*" else int(rng.integers(1, hi))))
+    value = start
+    for op, b in ops:
+        value = OPS[op][1](value, b)
+    text = f"Compute {start} " + " ".join(f"{op}{b}" for op, b in ops) + " left to right."
+    return {"index": index, "question": text, "answer": str(value), "start": start, "ops": ops,
+            "steps": steps, "digits": digits, "data_source": "calculator"}
+
+
+def make_tasks(count: int, seed: int, steps=(1, 2, 3), digits=(1,)) -> list[dict]:
+    """A difficulty mix: steps and digits drawn uniformly from the given choices."""
+    rng = np.random.default_rng(seed)
+    return [make_task(rng, int(rng.choice(steps)), int(rng.choice(digits)), index=i) for i in range(count)]
+
+
+def solve(task: dict) -> list[str]:
+    """The scripted solver: the assistant turns of a correct episode."""
+    turns, value = [], task["start"]
+    for op, b in task["ops"]:
+        turns.append(f"Action: calc[{value}{op}{b}]")
+        value = OPS[op][1](value, b)
+    turns.append(f"Action: answer[{value}]")
+    return turns
+
+
+def safe_eval(expr: str) -> int:
+    """Integer arithmetic (+ - * and parentheses) only; anything else raises ValueError."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in (ast.Add, ast.Sub, ast.Mult):
+            a, b = ev(node.left), ev(node.right)
+            out = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}[type(node.op)](a, b)
+            if abs(out) > 10**12:
+                raise ValueError("number too large")
+            return out
+        raise ValueError("only integers with + - * and parentheses are allowed")
+
+    if len(expr) > 64:
+        raise ValueError("expression too long")
+    try:
+        return ev(ast.parse(expr.strip(), mode="eval"))
+    except SyntaxError:
+        raise ValueError("not an arithmetic expression") from None
+
+
+class CalculatorEnv:
+    """reset/step/fork over one arithmetic chain; reward 1 for the right answer, else 0."""
+
+    def __init__(self, extra_turns: int = 2):
+        self.extra_turns = extra_turns
+        self.task: dict | None = None
+        self.turn = 0
+        self.calls = 0  # valid calc calls so far: which operation comes next
+        self.done = True
+        self.max_turns = 0
+
+    def system_prompt(self) -> str:
+        return SYSTEM
+
+    def reset(self, task: dict) -> str:
+        self.task, self.turn, self.done, self.calls = task, 0, False, 0
+        self.max_turns = task["steps"] + 1 + self.extra_turns
+        return task["question"]
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        if self.done or self.task is None:
+            raise RuntimeError("step() after the episode ended; call reset() first")
+        self.turn += 1
+        parsed = parse_action(action, TOOLS)
+        reward, valid = 0.0, parsed.tool is not None
+        if not valid:
+            obs = parsed.error
+        elif parsed.tool == "calc":
+            try:
+                value = safe_eval(parsed.argument)
+            except ValueError as err:
+                obs, valid = f"Error: {err}", False
+            else:
+                self.calls += 1
+                ops = self.task["ops"]
+                nxt = "".join(map(str, ops[self.calls])) if self.calls < len(ops) else "answer"
+                obs = f"{value}. Next: {nxt}"
+        else:
+            self.done = True
+            reward = float(parsed.argument.strip() == self.task["answer"])
+            obs = "Correct." if reward else "Wrong."
+        if not self.done and self.turn >= self.max_turns:
+            self.done, obs = True, obs + " Turn limit reached."
+        return obs, reward, self.done, {"valid_action": valid, "turn": self.turn}
+
+    def fork(self) -> "CalculatorEnv":
+        return copy.copy(self)  # task is shared read-only; turn/done are plain values

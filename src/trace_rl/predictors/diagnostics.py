@@ -1,0 +1,102 @@
+"""Predictor diagnostics over grown trees: how well V~ at allocation time matched what the tree then showed.
+
+For every node the allocator scored (roots, and anchors of tree methods) we pair the prediction with the
+node's empirical success V^ (mean reward of the leaves below it). By depth (0 = root): Spearman rank
+correlation with a two-sided p-value (normal approximation of the t statistic, fine for n >= 20; no SciPy),
+expected calibration error (10 equal-width bins, weighted by count) and the Brier score against V^.
+Numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+
+from ..tree import RolloutTree
+
+
+def node_records(trees: Iterable[RolloutTree]) -> list[dict]:
+    """(depth, predicted, target, leaves) of every scored node with leaves below it."""
+    out = []
+    for tree in trees:
+        for node in tree.nodes.values():
+            if node.predicted is not None and node.target is not None and node.leaves > 0:
+                out.append({"depth": node.depth, "predicted": float(node.predicted), "target": float(node.target),
+                            "leaves": int(node.leaves)})
+    return out
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x))
+    # average the ranks of ties
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inv, weights=ranks)
+    return sums[inv] / counts[inv]
+
+
+def spearman(x, y) -> tuple[float, float]:
+    """(rho, two-sided p); nan when fewer than 3 points or a constant input."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = len(x)
+    if n < 3 or np.all(x == x[0]) or np.all(y == y[0]):
+        return float("nan"), float("nan")
+    rho = float(np.corrcoef(_ranks(x), _ranks(y))[0, 1])
+    if abs(rho) >= 1.0:
+        return rho, 0.0
+    t = rho * math.sqrt((n - 2) / (1 - rho * rho))
+    return rho, math.erfc(abs(t) / math.sqrt(2))
+
+
+def calibration_error(pred, target, bins: int = 10) -> float:
+    pred, target = np.asarray(pred, float), np.asarray(target, float)
+    if len(pred) == 0:
+        return float("nan")
+    idx = np.minimum((pred * bins).astype(int), bins - 1)
+    err = 0.0
+    for b in range(bins):
+        sel = idx == b
+        if sel.any():
+            err += sel.sum() * abs(pred[sel].mean() - target[sel].mean())
+    return float(err / len(pred))
+
+
+def brier(pred, target) -> float:
+    pred, target = np.asarray(pred, float), np.asarray(target, float)
+    return float(np.mean((pred - target) ** 2)) if len(pred) else float("nan")
+
+
+def summarize_records(records: list[dict], max_depth: int = 6) -> list[dict]:
+    """One row per depth bucket (0 = roots; the last bucket holds max_depth and deeper) plus 'all prefixes'."""
+    rows = []
+    depth = np.array([r["depth"] for r in records], dtype=int)
+    pred = np.array([r["predicted"] for r in records])
+    targ = np.array([r["target"] for r in records])
+    groups = [(str(d), depth == d) for d in range(max_depth)] + [(f"{max_depth}+", depth >= max_depth),
+                                                                   ("prefixes", depth >= 1)]
+    for name, sel in groups:
+        if not sel.any():
+            continue
+        rho, p = spearman(pred[sel], targ[sel])
+        rows.append({"depth": name, "n": int(sel.sum()), "spearman": rho, "p_value": p,
+                     "ece": calibration_error(pred[sel], targ[sel]), "brier": brier(pred[sel], targ[sel])})
+    return rows
+
+
+def step_diagnostics(trees: list[RolloutTree]) -> dict:
+    """Per-step scalars for metrics.jsonl: Spearman at roots and over prefixes, ECE and Brier overall."""
+    recs = node_records(trees)
+    if not recs:
+        return {}
+    depth = np.array([r["depth"] for r in recs])
+    pred = np.array([r["predicted"] for r in recs])
+    targ = np.array([r["target"] for r in recs])
+    out = {"diag_ece": calibration_error(pred, targ), "diag_brier": brier(pred, targ)}
+    for name, sel in (("root", depth == 0), ("prefix", depth >= 1)):
+        rho = spearman(pred[sel], targ[sel])[0] if sel.sum() >= 3 else float("nan")
+        if rho == rho:  # undefined (constant input) is left out rather than logged as NaN
+            out[f"diag_spearman_{name}"] = rho
+    return out

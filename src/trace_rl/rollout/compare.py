@@ -1,0 +1,76 @@
+"""`trace-rl rollout`: grow trees with several methods from one frozen policy at equal budget and compare.
+
+No policy update: every method samples from the same model, sees the same candidate pools, and the light
+predictor learns online from each method's own trees (a fresh predictor per method), as in training.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import numpy as np
+
+from ..baselines import BudgetPlan, get_method
+from ..metrics import contrast_groups, effective_ratio, mean_reward
+from ..predictors import training_examples
+from .engine import TreeRolloutEngine
+
+
+def compare_methods(
+    make_engine: Callable[[object], TreeRolloutEngine],
+    make_predictor: Callable[[object], object],
+    pools: list[list[dict]],
+    methods: list[str],
+    plan: BudgetPlan,
+    prefix_share: float = 0.5,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[dict]:
+    rows = []
+    for name in methods:
+        method = get_method(name)
+        predictor = make_predictor(method)
+        engine = make_engine(predictor)
+        acc = {"er": [], "groups": 0, "rollouts": 0, "tokens": 0, "prefix_tokens": 0, "reward": [],
+               "generate": 0.0, "predictor": 0.0, "allocate": 0.0, "total": 0.0, "unspent": 0}
+        rng = np.random.default_rng(seed)
+        for step, pool in enumerate(pools):
+            res = engine.grow(pool, method, step)
+            active = [t for t in res.trees if t.root.children]
+            acc["er"].append(effective_ratio(res.trees))
+            acc["groups"] += contrast_groups(active)
+            acc["rollouts"] += res.rollouts
+            acc["tokens"] += res.generated_tokens
+            acc["prefix_tokens"] += res.prefix_generated_tokens
+            acc["reward"].append(mean_reward(active))
+            acc["unspent"] += res.unspent_prefix_budget
+            for k in ("generate", "predictor", "allocate", "total"):
+                acc[k] += res.time[k]
+            examples, targets = training_examples(active, prefix_share, rng)
+            if hasattr(predictor, "update"):
+                predictor.update(examples, targets)
+            if progress:
+                print(f"\r{name:<18} step {step + 1}/{len(pools)}  effective ratio {np.mean(acc['er']):.3f}  "
+                      f"tokens {acc['tokens']:,}", end="", file=sys.stderr, flush=True)
+        if progress:
+            print(file=sys.stderr)
+        total = acc["total"] or 1.0
+        rows.append({
+            "method": name,
+            "effective_ratio": float(np.mean(acc["er"])),
+            "groups_per_1k_rollouts": 1000.0 * acc["groups"] / max(acc["rollouts"], 1),
+            "success_rate": float(np.mean(acc["reward"])),
+            "rollouts": acc["rollouts"],
+            "unspent_prefix": acc["unspent"],
+            "tokens": acc["tokens"],
+            "generate_pct": 100 * acc["generate"] / total,
+            "predictor_pct": 100 * acc["predictor"] / total,
+            "allocate_pct": 100 * acc["allocate"] / total,
+            "overhead_pct": 100 * max(total - acc["generate"] - acc["predictor"] - acc["allocate"], 0) / total,
+            "wall_s": acc["total"],
+        })
+    base = next((r for r in rows if r["method"] == "grpo"), rows[0])
+    for r in rows:
+        r["er_vs_" + base["method"]] = r["effective_ratio"] / base["effective_ratio"] if base["effective_ratio"] else float("nan")
+    return rows

@@ -1,0 +1,34 @@
+"""Run agent episodes in lockstep: each round, one batched backend call samples the next turn of every
+episode still running. Used by evaluation, SFT reporting and the tree rollout engine."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..agent.react import ChatFormat, Episode, Turn, apply_generation
+from ..lm.backend import PolicyBackend, SamplingParams
+
+
+def run_lockstep(
+    episodes: Sequence[Episode],
+    backend: PolicyBackend,
+    params: SamplingParams,
+    fmt: ChatFormat,
+    seed: int = 0,
+    on_turn: Callable[[int, Turn, Episode], None] | None = None,
+) -> int:
+    """Advance every episode until it is done; returns the number of generated tokens."""
+    generated, round_ = 0, 0
+    while True:
+        live = [i for i, ep in enumerate(episodes) if not ep.done]
+        if not live:
+            return generated
+        gens = backend.generate([episodes[i].token_ids for i in live], params, seed=seed * 1_000_003 + round_)
+        round_ += 1
+        for i, gen in zip(live, gens):
+            generated += len(gen.token_ids)
+            turn = apply_generation(episodes[i], gen, fmt)
+            if not episodes[i].done and len(episodes[i].turns) >= episodes[i].env.max_turns:
+                episodes[i].done = True  # the env enforces its limit; this guards envs that do not
+            if on_turn:
+                on_turn(i, turn, episodes[i])

@@ -1,0 +1,80 @@
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from helpers_calc import scripted_calc  # noqa: E402
+
+from trace_rl.baselines import BudgetPlan, get_method  # noqa: E402
+from trace_rl.envs.calculator import CalculatorEnv, make_task, make_tasks  # noqa: E402
+from trace_rl.lm.backend import SamplingParams, ScriptedBackend  # noqa: E402
+from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
+from trace_rl.metrics import tree_budget  # noqa: E402
+from trace_rl.predictors.history import RewardHistoryPredictor  # noqa: E402
+from trace_rl.predictors.text import light_text_predictor  # noqa: E402
+from trace_rl.rollout.engine import TreeRolloutEngine  # noqa: E402
+from trace_rl.tree import BRANCH  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return byte_tokenizer()
+
+
+def engine(tok, predictor, plan, wrong_every=3):
+    backend = ScriptedBackend(tok, lambda text, i: scripted_calc(text, i, wrong_every))
+    return TreeRolloutEngine(backend, CalculatorEnv, predictor, plan, SamplingParams(max_new_tokens=64), seed=0)
+
+
+def test_trees_carry_tokens_masks_logprobs_and_rewards(tok):
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=4, branch_factor=1, pool_factor=2, max_per_prompt=4)
+    eng = engine(tok, light_text_predictor(), plan)
+    res = eng.grow(make_tasks(4, seed=0, steps=(2, 3)), get_method("trace"))
+    active = [t for t in res.trees if t.root.children]
+    assert active and res.rollouts == sum(tree_budget([t]).rollouts for t in active)
+    assert res.rollouts + res.unspent_prefix_budget == plan.total
+    for tree in active:
+        assert tree.root.token_ids and not any(tree.root.loss_mask)
+        for node in tree.turns():
+            assert len(node.token_ids) == len(node.loss_mask)
+            assert sum(node.loss_mask) == len(node.logprobs) > 0
+            assert node.token_ids[: len(node.logprobs)] and node.loss_mask[0] == 1
+        for leaf in tree.leaves():
+            assert leaf.reward in (0.0, 1.0)
+            # the token path decodes to a faithful transcript: the prompt, then actions and observations
+            text = tok.decode([t for n in tree.path(leaf.node_id) for t in n.token_ids])
+            assert "Compute " in text and "Action: " in text
+        assert tree.root.predicted is not None
+    branched = [n for t in active for n in t.turns() if n.origin == BRANCH]
+    assert branched and all(t[n.parent_id].predicted is not None for t in active for n in t.turns()
+                            if n.origin == BRANCH and t[n.parent_id].origin != BRANCH)
+
+
+def test_stage2_of_a_fast_prompt_starts_before_a_slow_prompt_finishes(tok):
+    rng = np.random.default_rng(0)
+    fast, slow = make_task(rng, 1, 1, index=0), make_task(rng, 5, 1, index=1)
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=4, branch_factor=1, pool_factor=1, max_per_prompt=4)
+    eng = engine(tok, RewardHistoryPredictor(), plan, wrong_every=2)
+    res = eng.grow([fast, slow], get_method("trace_prefix_only"))
+    order = [(what, i) for what, i, _ in res.events]
+    assert order.index(("stage2_start", 0)) < order.index(("bare_done", 1))
+
+
+@pytest.mark.parametrize("name", ["grpo", "pcl", "knapsack_rl", "treepo", "tree_grpo", "trace_root_only"])
+def test_every_baseline_runs_through_the_engine(tok, name):
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=4, branch_factor=1, pool_factor=2, max_per_prompt=4)
+    pred = RewardHistoryPredictor() if name == "knapsack_rl" else light_text_predictor()
+    res = engine(tok, pred, plan).grow(make_tasks(4, seed=1, steps=(2,)), get_method(name))
+    assert res.rollouts + res.unspent_prefix_budget == plan.total
+    assert res.generated_tokens > 0 and res.time["generate"] >= 0
+
+
+def test_malformed_output_becomes_an_observation(tok):
+    plan = BudgetPlan(prompts=1, rollouts_per_prompt=2, branch_factor=0, pool_factor=1, max_per_prompt=2)
+    backend = ScriptedBackend(tok, lambda text, i: "I think the answer is 5")
+    eng = TreeRolloutEngine(backend, CalculatorEnv, RewardHistoryPredictor(), plan, SamplingParams(max_new_tokens=32))
+    res = eng.grow(make_tasks(1, seed=2, steps=(1,)), get_method("grpo"))
+    leaves = res.trees[0].leaves()
+    assert len(leaves) == 2 and all(l.reward == 0.0 for l in leaves)
+    assert all("Invalid action format" in n.observation for n in res.trees[0].turns())
+    assert all(l.depth == 4 for l in leaves)  # the episode ran to its turn limit (1 step + 1 + 2 spare)

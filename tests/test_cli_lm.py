@@ -1,0 +1,51 @@
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from trace_rl.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sft_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("model") / "tiny"
+    code = main(["sft", "--model", "tiny", "--minutes", "0.05", "--max-steps", "3", "--batch-size", "2",
+                 "--eval-tasks", "4", "--out", str(out), "--max-new-tokens", "8"])
+    assert code == 0 and (out / "config.json").exists() and (out / "sft_report.json").exists()
+    return out
+
+
+def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):
+    code = main(["rollout", "--model", str(sft_model), "--methods", "grpo,trace", "--steps", "1", "--prompts", "2",
+                 "--rollouts-per-prompt", "4", "--max-new-tokens", "8", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "groups_per_1k_rollouts" in out and "trace" in out and (tmp_path / "rollout_summary.json").exists()
+
+
+def test_eval_reports_pass_at_k(sft_model, capsys):
+    code = main(["eval", "--env", "calculator", "--model", str(sft_model), "--limit", "3", "--k", "1,2",
+                 "--max-new-tokens", "8"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "pass@1" in out and "pass@2" in out
+
+
+def test_bad_model_and_bad_sampling_are_one_line_errors(tmp_path, capsys):
+    assert main(["rollout", "--model", "./no/such/model", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["eval", "--env", "calculator", "--model", "./x", "--top-p", "0"]) == 2
+    assert "top_p" in capsys.readouterr().err
+    assert main(["rollout", "--methods", "trace_oracle", "--steps", "1"]) == 2
+    assert "testbed" in capsys.readouterr().err
+
+
+def test_diagnose_after_simulate(tmp_path, capsys):
+    run = tmp_path / "sim"
+    assert main(["simulate", "--methods", "grpo,trace", "--steps", "3", "--prompts", "8", "--out", str(run)]) == 0
+    assert main(["diagnose", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "spearman" in out and "prefixes" in out
+    assert (run / "calibration_by_depth.png").exists() and (run / "spearman_over_steps.png").exists()
+    assert main(["diagnose", str(tmp_path / "nope")]) == 2
