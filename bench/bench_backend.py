@@ -60,7 +60,6 @@ def main() -> None:
         be.clear_cache()
         t_reuse, gens = timed(lambda: be.generate([prefix] * 8, params, seed=1))
         computed = gens[0].prefix_tokens_computed
-        be.clear_cache()
         t_again, gens = timed(lambda: be.generate([prefix] * 8, params, seed=1))
         again = gens[0].prefix_tokens_computed
 

@@ -32,6 +32,8 @@ def test_trees_carry_tokens_masks_logprobs_and_rewards(tok):
     res = eng.grow(make_tasks(4, seed=0, steps=(2, 3)), get_method("trace"))
     active = [t for t in res.trees if t.root.children]
     assert active and res.rollouts == sum(tree_budget([t]).rollouts for t in active)
+    # every generated token is accounted for, across concurrently growing prompts
+    assert res.generated_tokens == sum(len(n.logprobs) for t in active for n in t.turns())
     assert res.rollouts + res.unspent_prefix_budget == plan.total
     for tree in active:
         assert tree.root.token_ids and not any(tree.root.loss_mask)

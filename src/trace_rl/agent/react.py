@@ -8,7 +8,6 @@ own. The whole history is never re-tokenised, so the ids a trainer sees are the 
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 from ..envs.base import AgentEnv
@@ -34,7 +33,6 @@ class ChatFormat:
         glue = after_assistant[len(eos):] if eos and after_assistant.startswith(eos) else after_assistant
         head, tail = (glue + two[len(one):]).split(_PLACEHOLDER)
         self.obs_head, self.obs_tail = head, tail
-        self.eos_missing = "" if after_assistant.startswith(eos) else eos
 
     def _render(self, messages, gen: bool) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
@@ -97,7 +95,3 @@ def apply_generation(ep: Episode, gen, fmt: ChatFormat) -> Turn:
     ep.turns.append(turn)
     ep.done, ep.reward = done, (reward if done else 0.0)
     return turn
-
-
-def copy_task(task: dict) -> dict:
-    return copy.deepcopy(task)

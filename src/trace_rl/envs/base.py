@@ -8,6 +8,7 @@ and the episode goes on until its turn limit.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from typing import Protocol
@@ -51,3 +52,47 @@ def parse_action(text: str, tools: tuple[str, ...]) -> ParsedAction:
     if tool not in tools:
         return ParsedAction(thought, None, arg, f"Unknown tool '{tool}'. Available: {expected}")
     return ParsedAction(thought, tool, arg)
+
+
+class ToolEnv:
+    """Shared bookkeeping of the ReAct tool environments: parse, count turns, enforce the turn limit.
+
+    Subclasses set `tools` and `system` and implement `act(parsed) -> (observation, reward, info)`, setting
+    `self.done` when the action ends the episode. State is plain values, so a shallow copy is a fork;
+    subclasses holding mutable state override `fork`.
+    """
+
+    tools: tuple[str, ...] = ()
+    system: str = ""
+
+    def __init__(self, max_turns: int = 6):
+        self.max_turns = max_turns
+        self.task: dict | None = None
+        self.turn = 0
+        self.done = True
+
+    def system_prompt(self) -> str:
+        return self.system
+
+    def reset(self, task: dict) -> str:
+        self.task, self.turn, self.done = task, 0, False
+        return task["question"]
+
+    def act(self, parsed: ParsedAction) -> tuple[str, float, dict]:
+        raise NotImplementedError
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        if self.done or self.task is None:
+            raise RuntimeError("step() after the episode ended; call reset() first")
+        self.turn += 1
+        parsed = parse_action(action, self.tools)
+        if parsed.tool is None:
+            obs, reward, info = parsed.error, 0.0, {"valid_action": False}
+        else:
+            obs, reward, info = self.act(parsed)
+        if not self.done and self.turn >= self.max_turns:
+            self.done, obs = True, obs + "\nTurn limit reached."
+        return obs, reward, self.done, info
+
+    def fork(self) -> "ToolEnv":
+        return copy.copy(self)

@@ -11,12 +11,11 @@ demonstrations for the warm start.
 from __future__ import annotations
 
 import ast
-import copy
 import operator
 
 import numpy as np
 
-from .base import parse_action
+from .base import ToolEnv
 
 OPS = {"+": ("Add", operator.add), "-": ("Subtract", operator.sub), "*": ("Multiply by", operator.mul)}
 TOOLS = ("calc", "answer")
@@ -83,50 +82,30 @@ def safe_eval(expr: str) -> int:
         raise ValueError("not an arithmetic expression") from None
 
 
-class CalculatorEnv:
+class CalculatorEnv(ToolEnv):
     """reset/step/fork over one arithmetic chain; reward 1 for the right answer, else 0."""
 
-    def __init__(self, extra_turns: int = 2):
-        self.extra_turns = extra_turns
-        self.task: dict | None = None
-        self.turn = 0
-        self.calls = 0  # valid calc calls so far: which operation comes next
-        self.done = True
-        self.max_turns = 0
+    tools, system = TOOLS, SYSTEM
 
-    def system_prompt(self) -> str:
-        return SYSTEM
+    def __init__(self, extra_turns: int = 2):
+        super().__init__(max_turns=0)
+        self.extra_turns = extra_turns
+        self.calls = 0  # valid calc calls so far: which operation comes next
 
     def reset(self, task: dict) -> str:
-        self.task, self.turn, self.done, self.calls = task, 0, False, 0
-        self.max_turns = task["steps"] + 1 + self.extra_turns
-        return task["question"]
+        self.calls, self.max_turns = 0, task["steps"] + 1 + self.extra_turns
+        return super().reset(task)
 
-    def step(self, action: str) -> tuple[str, float, bool, dict]:
-        if self.done or self.task is None:
-            raise RuntimeError("step() after the episode ended; call reset() first")
-        self.turn += 1
-        parsed = parse_action(action, TOOLS)
-        reward, valid = 0.0, parsed.tool is not None
-        if not valid:
-            obs = parsed.error
-        elif parsed.tool == "calc":
-            try:
-                value = safe_eval(parsed.argument)
-            except ValueError as err:
-                obs, valid = f"Error: {err}", False
-            else:
-                self.calls += 1
-                ops = self.task["ops"]
-                nxt = "".join(map(str, ops[self.calls])) if self.calls < len(ops) else "answer"
-                obs = f"{value}. Next: {nxt}"
-        else:
+    def act(self, parsed) -> tuple[str, float, dict]:
+        if parsed.tool == "answer":
             self.done = True
             reward = float(parsed.argument.strip() == self.task["answer"])
-            obs = "Correct." if reward else "Wrong."
-        if not self.done and self.turn >= self.max_turns:
-            self.done, obs = True, obs + " Turn limit reached."
-        return obs, reward, self.done, {"valid_action": valid, "turn": self.turn}
-
-    def fork(self) -> "CalculatorEnv":
-        return copy.copy(self)  # task is shared read-only; turn/done are plain values
+            return ("Correct." if reward else "Wrong."), reward, {"valid_action": True}
+        try:
+            value = safe_eval(parsed.argument)
+        except ValueError as err:
+            return f"Error: {err}", 0.0, {"valid_action": False}
+        self.calls += 1
+        ops = self.task["ops"]
+        nxt = "".join(map(str, ops[self.calls])) if self.calls < len(ops) else "answer"
+        return f"{value}. Next: {nxt}", 0.0, {"valid_action": True}

@@ -8,10 +8,9 @@ thread".
 
 from __future__ import annotations
 
-import copy
 import threading
 
-from .base import parse_action
+from .base import ToolEnv
 from .sandbox import run_python
 
 TOOLS = ("python", "answer")
@@ -43,41 +42,19 @@ def math_reward(prediction: str, ground_truth) -> float:
     return 0.0
 
 
-class MathEnv:
+class MathEnv(ToolEnv):
     """reset/step/fork; the task dict needs 'question' and 'answer' (a string or a list of accepted forms)."""
 
+    tools, system = TOOLS, SYSTEM
+
     def __init__(self, max_turns: int = 6, timeout_s: float = 5.0, memory_mb: int = 1024, max_output: int = 1000):
-        self.max_turns, self.timeout_s, self.memory_mb, self.max_output = max_turns, timeout_s, memory_mb, max_output
-        self.task: dict | None = None
-        self.turn = 0
-        self.done = True
+        super().__init__(max_turns)
+        self.timeout_s, self.memory_mb, self.max_output = timeout_s, memory_mb, max_output
 
-    def system_prompt(self) -> str:
-        return SYSTEM
-
-    def reset(self, task: dict) -> str:
-        self.task, self.turn, self.done = task, 0, False
-        return task["question"]
-
-    def step(self, action: str) -> tuple[str, float, bool, dict]:
-        if self.done or self.task is None:
-            raise RuntimeError("step() after the episode ended; call reset() first")
-        self.turn += 1
-        parsed = parse_action(action, TOOLS)
-        reward, info = 0.0, {"valid_action": parsed.tool is not None}
-        if parsed.tool is None:
-            obs = parsed.error
-        elif parsed.tool == "python":
-            code = parsed.argument.strip().removeprefix("```python").removeprefix("```").removesuffix("```")
-            res = run_python(code, self.timeout_s, self.memory_mb, self.max_output)
-            obs, info["sandbox_ok"] = res.observation(), res.ok
-        else:
+    def act(self, parsed) -> tuple[str, float, dict]:
+        if parsed.tool == "answer":
             self.done = True
-            reward = math_reward(parsed.argument, self.task["answer"])
-            obs = "Submitted."
-        if not self.done and self.turn >= self.max_turns:
-            self.done, obs = True, obs + "\nTurn limit reached."
-        return obs, reward, self.done, info
-
-    def fork(self) -> "MathEnv":
-        return copy.copy(self)
+            return "Submitted.", math_reward(parsed.argument, self.task["answer"]), {"valid_action": True}
+        code = parsed.argument.strip().removeprefix("```python").removeprefix("```").removesuffix("```")
+        res = run_python(code, self.timeout_s, self.memory_mb, self.max_output)
+        return res.observation(), 0.0, {"valid_action": True, "sandbox_ok": res.ok}

@@ -8,11 +8,10 @@ long corpus entry cannot flood the context.
 from __future__ import annotations
 
 import collections
-import copy
 import re
 import string
 
-from .base import parse_action
+from .base import ToolEnv
 from .retrieval import Retriever
 
 TOOLS = ("search", "answer")
@@ -55,42 +54,19 @@ def f1_score(prediction: str, truth) -> float:
     return best
 
 
-class QAEnv:
+class QAEnv(ToolEnv):
+    tools, system = TOOLS, SYSTEM
+
     def __init__(self, retriever: Retriever, top_k: int = 3, max_turns: int = 6, max_passage_chars: int = 300):
-        self.retriever, self.top_k, self.max_turns, self.max_chars = retriever, top_k, max_turns, max_passage_chars
-        self.task: dict | None = None
-        self.turn = 0
-        self.done = True
+        super().__init__(max_turns)
+        self.retriever, self.top_k, self.max_chars = retriever, top_k, max_passage_chars  # retriever: shared, read-only
 
-    def system_prompt(self) -> str:
-        return SYSTEM
-
-    def reset(self, task: dict) -> str:
-        self.task, self.turn, self.done = task, 0, False
-        return task["question"]
-
-    def step(self, action: str) -> tuple[str, float, bool, dict]:
-        if self.done or self.task is None:
-            raise RuntimeError("step() after the episode ended; call reset() first")
-        self.turn += 1
-        parsed = parse_action(action, TOOLS)
-        reward, info = 0.0, {"valid_action": parsed.tool is not None}
-        if parsed.tool is None:
-            obs = parsed.error
-        elif parsed.tool == "search":
-            if not parsed.argument.strip():
-                obs, info["valid_action"] = "Error: empty query. Write: Action: search[words to look for]", False
-            else:
-                hits = self.retriever.search([parsed.argument], self.top_k)[0]
-                obs = "\n".join(f'"{p.title}" {p.text[: self.max_chars]}' for p, _ in hits)
-        else:
+    def act(self, parsed) -> tuple[str, float, dict]:
+        if parsed.tool == "answer":
             self.done = True
-            reward = exact_match(parsed.argument, self.task["answer"])
-            info["f1"] = f1_score(parsed.argument, self.task["answer"])
-            obs = "Submitted."
-        if not self.done and self.turn >= self.max_turns:
-            self.done, obs = True, obs + "\nTurn limit reached."
-        return obs, reward, self.done, info
-
-    def fork(self) -> "QAEnv":
-        return copy.copy(self)  # the retriever is shared and read-only
+            truth = self.task["answer"]
+            return "Submitted.", exact_match(parsed.argument, truth), {"valid_action": True, "f1": f1_score(parsed.argument, truth)}
+        if not parsed.argument.strip():
+            return "Error: empty query. Write: Action: search[words to look for]", 0.0, {"valid_action": False}
+        hits = self.retriever.search([parsed.argument], self.top_k)[0]
+        return "\n".join(f'"{p.title}" {p.text[: self.max_chars]}' for p, _ in hits), 0.0, {"valid_action": True}

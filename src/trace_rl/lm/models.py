@@ -21,28 +21,30 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TRACE_RL_CACHE", Path.home() / ".cache" / "trace-rl"))
 
 
-def tiny_llama_config(vocab_size: int, hidden: int = 192, layers: int = 4, heads: int = 4, max_positions: int = 2048):
+def tiny_llama_config(vocab_size: int, hidden: int = 192, layers: int = 4, heads: int = 4, max_positions: int = 2048,
+                      pad_token_id: int = 0, eos_token_id: int = 2):
     from transformers import LlamaConfig
 
     return LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 16 * 16 + 16,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
         max_position_embeddings=max_positions, rope_theta=10000.0, tie_word_embeddings=True,
-        pad_token_id=256, eos_token_id=258, bos_token_id=None,
+        pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=None,
     )
 
 
-def create_tiny_model(seed: int = 0, **config_kwargs):
-    """A fresh random tiny Llama with the byte tokenizer (about 1.9M parameters at the defaults)."""
+def create_tiny_model(seed: int = 0, tokenizer: str = "word", **config_kwargs):
+    """A fresh random tiny Llama and its tokenizer: 'word' (the CPU default, about 4M parameters of which 2M
+    are number embeddings) or 'byte' (about 1.9M)."""
     import torch
     from transformers import LlamaForCausalLM
 
-    from .tokenizer import byte_tokenizer
+    from .tokenizer import byte_tokenizer, word_tokenizer
 
-    tok = byte_tokenizer()
+    tok = word_tokenizer() if tokenizer == "word" else byte_tokenizer()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_llama_config(len(tok), **config_kwargs))
-    return model, tok
+    config = tiny_llama_config(len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **config_kwargs)
+    return LlamaForCausalLM(config), tok
 
 
 def smollm2_gguf() -> Path:

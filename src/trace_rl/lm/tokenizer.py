@@ -1,8 +1,11 @@
-"""A byte-level tokenizer in Hugging Face format, with a ChatML chat template, for the CPU default model.
+"""Small tokenizers in Hugging Face format, with a ChatML chat template, for CPU models built from a config.
 
-One token per byte (256) plus the chat specials, so any text round-trips and no vocabulary is learnt. Saved
-with `save_pretrained`, it loads with `AutoTokenizer`, so the default model takes the same code path as a hub
-model.
+- `byte_tokenizer`: one token per byte plus the chat specials; any text round-trips. Used by tests.
+- `word_tokenizer`: the CPU default's. Every number chunk of up to 4 digits is one token, the words of the
+  built-in task's prompts are one token each, and every other printable ASCII character is its own token
+  (anything else becomes <unk>). A tiny model then copies a number by copying one token, which it learns
+  in minutes, and episodes are about three times shorter than in bytes.
+Saved with `save_pretrained`, both load with `AutoTokenizer`, so the default model takes a hub model's path.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+TASK_WORDS = (
+    "Compute left right to Action calc answer Observation Next Tools expression number One per step Example "
+    "Correct Wrong Invalid action format Write or Unknown tool Available Error Turn limit reached system user "
+    "assistant only integers with and parentheses are allowed not an arithmetic"
+).split()
 
 
 def byte_tokenizer():
@@ -27,6 +35,30 @@ def byte_tokenizer():
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>", bos_token=None,
+        additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def word_tokenizer(words: tuple[str, ...] | list[str] = TASK_WORDS):
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + ["<unk>"])}
+    for item in list(string.printable) + list(words):
+        vocab.setdefault(item, len(vocab))
+    for width in range(1, 5):
+        for n in range(10**width):
+            vocab.setdefault(str(n).zfill(width), len(vocab))
+    pattern = "|".join(sorted(set(words), key=len, reverse=True)) + r"|\d{1,4}|."
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>", unk_token="<unk>", bos_token=None,
         additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
     )
     fast.chat_template = CHAT_TEMPLATE

@@ -132,8 +132,10 @@ class TreeRolloutEngine:
         episodes = [first] + [start_episode(self.env_factory(), task, self.fmt) for _ in range(mi - 1)]
         snapshots: dict[str, Episode] = {}
         result.rollouts += mi
-        result.generated_tokens += await self._lockstep(tree, episodes, [tree.root_id] * mi, BARE, batcher,
-                                                        snapshots if method.branches else None)
+        # await first, then add: `x += await ...` would read x before the await and lose other prompts' updates
+        tokens = await self._lockstep(tree, episodes, [tree.root_id] * mi, BARE, batcher,
+                                      snapshots if method.branches else None)
+        result.generated_tokens += tokens
         result.events.append(("bare_done", i, time.perf_counter() - self._t0))
         if not method.branches:
             return
