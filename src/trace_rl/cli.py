@@ -137,12 +137,11 @@ def _rollout(args: argparse.Namespace) -> None:
     rows = compare_methods(
         lambda pred: TreeRolloutEngine(backend, CalculatorEnv, pred, plan, params, seed=args.seed),
         lambda m: RewardHistoryPredictor() if m.predictor == "history" else light_text_predictor(seed=args.seed),
-        pools, methods, plan, seed=args.seed,
+        pools, methods, plan, seed=args.seed, out_dir=args.out,
     )
     table = format_table(rows)
     print(table)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "rollout_summary.json").write_text(json.dumps(rows, indent=2))
     (out / "rollout_summary.txt").write_text(table + "\n")
     print(f"\nwrote {out}/rollout_summary.json")

@@ -75,3 +75,24 @@ def test_shared_corpus_recall_if_present():
     r = BM25Retriever(load_corpus(root / "hotpotqa_train_corpus.json"))
     sup = [{t for t, _ in q["supporting_facts"]} for q in questions]
     assert recall_at_k(r, [q["question"] for q in questions], sup, k=5) > 0.5
+
+
+def test_dense_retriever_with_a_tiny_local_encoder(tmp_path):
+    pytest.importorskip("faiss")
+    pytest.importorskip("torch")
+    from transformers import BertConfig, BertModel
+
+    from trace_rl.envs.retrieval import DenseRetriever, Passage
+    from trace_rl.lm.tokenizer import byte_tokenizer
+
+    tok = byte_tokenizer()
+    BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, pad_token_id=tok.pad_token_id)).save_pretrained(tmp_path / "enc")
+    tok.save_pretrained(tmp_path / "enc")
+    passages = [Passage(str(i), t, " ".join(s)) for i, (t, s) in enumerate(CORPUS.items())]
+    r = DenseRetriever(passages, encoder=str(tmp_path / "enc"))
+    hits = r.search(["Spielberg", "shark"], k=2)
+    assert len(hits) == 2 and all(len(h) == 2 for h in hits)
+    assert hits[0][0][1] >= hits[0][1][1]  # sorted by similarity
+    exact = r.search([passages[1].contents], k=1)[0][0][0]
+    assert exact.title == "Steven Spielberg"  # a passage's own text is its nearest neighbour

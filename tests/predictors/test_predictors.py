@@ -57,3 +57,23 @@ def test_logistic_learns_a_separable_signal():
     p = pred.predict(prefixes)
     assert last < first
     assert abs(p[1] - 0.9) < 0.05 and abs(p[0] - 0.1) < 0.05
+
+
+def test_save_and_load_round_trip(tmp_path):
+    trees = [RolloutTree(i, prompt=i) for i in range(20)]
+    featurize = lambda prefixes: np.stack([[1.0, t.prompt % 2] for t, _ in prefixes])
+    a = OnlineLogisticPredictor(featurize, 2, lr=0.1)
+    prefixes = [(t, t.root_id) for t in trees]
+    a.update(prefixes, np.array([0.8 if t.prompt % 2 else 0.2 for t in trees]))
+    a.save(tmp_path / "p.npz")
+    b = OnlineLogisticPredictor(featurize, 2)
+    b.load(tmp_path / "p.npz")
+    assert np.allclose(a.predict(prefixes), b.predict(prefixes))
+    with pytest.raises(ValueError, match="weights"):
+        OnlineLogisticPredictor(featurize, 3).load(tmp_path / "p.npz")
+    h = RewardHistoryPredictor()
+    h.update(prefixes[:2], np.array([1.0, 0.0]))
+    h.save(tmp_path / "h.json")
+    g = RewardHistoryPredictor()
+    g.load(tmp_path / "h.json")
+    assert np.allclose(g.predict(prefixes), h.predict(prefixes))

@@ -27,6 +27,12 @@ class Predictor(Protocol):
     def update(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> float:
         """One training round on (prefix, target, weight) examples; returns the weighted loss."""
 
+    def save(self, path) -> None:
+        """Write what a checkpoint needs to resume the predictor."""
+
+    def load(self, path) -> None:
+        """Restore what `save` wrote."""
+
 
 def training_examples(
     trees: Sequence[RolloutTree], prefix_share: float, rng: np.random.Generator

@@ -45,3 +45,13 @@ class RewardHistoryPredictor:
             old = self.values.get(key)
             self.values[key] = float(y) if old is None else self.decay * old + (1 - self.decay) * float(y)
         return loss
+
+    def save(self, path) -> None:
+        with open(path, "w") as fh:
+            json.dump({"decay": self.decay, "values": [[k, v] for k, v in self.values.items()]}, fh)
+
+    def load(self, path) -> None:
+        with open(path) as fh:
+            data = json.load(fh)
+        self.decay = data["decay"]
+        self.values = {(tuple(k) if isinstance(k, list) else k): v for k, v in data["values"]}

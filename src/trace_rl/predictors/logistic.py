@@ -60,6 +60,16 @@ class OnlineLogisticPredictor:
         eps = 1e-9
         return float(np.average(-(targets * np.log(p + eps) + (1 - targets) * np.log(1 - p + eps)), weights=w))
 
+    def save(self, path) -> None:
+        """Weights and optimiser state (the replay window is not saved: it refills in a few steps)."""
+        np.savez(path, w=self.w, m=self._m, v=self._v, t=self._t)
+
+    def load(self, path) -> None:
+        data = np.load(path if str(path).endswith(".npz") else f"{path}.npz")
+        if data["w"].shape != self.w.shape:
+            raise ValueError(f"{path}: predictor has {data['w'].shape[0]} weights, this one needs {self.w.shape[0]}")
+        self.w, self._m, self._v, self._t = data["w"], data["m"], data["v"], int(data["t"])
+
     def _adam(self, g: np.ndarray, b1: float = 0.9, b2: float = 0.999) -> None:
         self._t += 1
         self._m = b1 * self._m + (1 - b1) * g

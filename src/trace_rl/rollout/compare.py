@@ -6,7 +6,9 @@ predictor learns online from each method's own trees (a fresh predictor per meth
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -14,6 +16,7 @@ import numpy as np
 from ..baselines import BudgetPlan, get_method
 from ..metrics import contrast_groups, effective_ratio, mean_reward
 from ..predictors import training_examples
+from ..predictors.diagnostics import node_records, step_diagnostics
 from .engine import TreeRolloutEngine
 
 
@@ -26,8 +29,15 @@ def compare_methods(
     prefix_share: float = 0.5,
     seed: int = 0,
     progress: bool = True,
+    out_dir: str | None = None,
 ) -> list[dict]:
+    """One summary row per method; with out_dir, per-step metrics.jsonl and predictions.jsonl for diagnose."""
     rows = []
+    out = Path(out_dir) if out_dir else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("metrics.jsonl", "predictions.jsonl"):
+            (out / name).write_text("")
     for name in methods:
         method = get_method(name)
         predictor = make_predictor(method)
@@ -47,6 +57,15 @@ def compare_methods(
             acc["unspent"] += res.unspent_prefix_budget
             for k in ("generate", "predictor", "allocate", "total"):
                 acc[k] += res.time[k]
+            if out:
+                record = {"method": name, "step": step, "effective_ratio": acc["er"][-1], "rollouts": res.rollouts,
+                          "tokens": res.generated_tokens, **{f"time_{k}": v for k, v in res.time.items()},
+                          **step_diagnostics(active)}
+                with open(out / "metrics.jsonl", "a") as fh:
+                    fh.write(json.dumps(record) + "\n")
+                with open(out / "predictions.jsonl", "a") as fh:
+                    for rec in node_records(active):
+                        fh.write(json.dumps({"method": name, "step": step, **rec}) + "\n")
             examples, targets = training_examples(active, prefix_share, rng)
             if hasattr(predictor, "update"):
                 predictor.update(examples, targets)

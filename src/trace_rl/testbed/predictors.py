@@ -33,6 +33,12 @@ class OraclePredictor:
     def update(self, prefixes, targets, weights=None) -> float:
         return float(np.mean((self.predict(prefixes) - targets) ** 2)) if len(prefixes) else 0.0
 
+    def save(self, path) -> None:  # nothing to save: the oracle is the policy itself
+        pass
+
+    def load(self, path) -> None:
+        pass
+
 
 class TestbedFeatures:
     """Features of a prefix: prompt fields the agent can see, plus which (kind, turn) steps are still ahead.
