@@ -1,6 +1,6 @@
 import pytest
 
-from trace_rl.tree import BARE, BRANCH, RolloutTree
+from trace_rl.tree import BRANCH, RolloutTree
 
 
 @pytest.fixture
@@ -19,5 +19,3 @@ def small_tree() -> RolloutTree:
     tree.add_turn(c.node_id, action="e", terminal=True, reward=1.0, origin=BRANCH)
     return tree
 
-
-__all__ = ["BARE"]
