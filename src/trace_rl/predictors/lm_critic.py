@@ -126,16 +126,16 @@ class LMCritic:
     def _predict_each(self, prefixes) -> np.ndarray:
         texts = [tuple(_segments(t, n)) for t, n in prefixes]
         uniq = sorted(set(texts))
-        scores = {}
+        scores, lengths = {}, {}
         for i in range(0, len(uniq), self.batch_size):
             chunk = uniq[i: i + self.batch_size]
             ids = [self._ids(list(t))[0] for t in chunk]
             h, mask = self._hidden(ids)
             pooled = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-            for t, s in zip(chunk, self._score_hidden(pooled).tolist()):
-                scores[t] = s
+            for t, x, s in zip(chunk, ids, self._score_hidden(pooled).tolist()):
+                scores[t], lengths[t] = s, len(x)
             self.stats["tokens_encoded"] += sum(len(x) for x in ids)
-        self.stats["tokens_naive"] += sum(len(self._ids(list(t))[0]) for t in texts)
+        self.stats["tokens_naive"] += sum(lengths[t] for t in texts)
         return np.array([scores[t] for t in texts])
 
     def _predict_shared(self, prefixes) -> np.ndarray:
@@ -167,13 +167,15 @@ class LMCritic:
                 offset = 0
                 self.stats["tokens_encoded"] += sum(len(ids) for _, (ids, _) in paths)
             scores = self._score_hidden(h)
+            node_len: dict[str, int] = {}
             for row, (end, (ids, bounds)) in enumerate(paths):
-                chain = tree.path(end)
-                for node, b in zip(chain, bounds):
+                for node, b in zip(tree.path(end), bounds):
                     node_score.setdefault(node.node_id, float(scores[row, b - 1 - offset]))
+                    node_len.setdefault(node.node_id, min(b, self.max_length))
             for k in idx:
                 out[k] = node_score[prefixes[k][1]]
-            self.stats["tokens_naive"] += sum(len(self._ids(_segments(tree, prefixes[k][1]))[0]) for k in idx)
+            # what scoring each prefix alone would encode: its own (left-truncated) length
+            self.stats["tokens_naive"] += sum(node_len[prefixes[k][1]] for k in idx)
         return out
 
     # -- training ---------------------------------------------------------------------------------
