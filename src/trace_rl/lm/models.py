@@ -21,7 +21,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TRACE_RL_CACHE", Path.home() / ".cache" / "trace-rl"))
 
 
-def tiny_llama_config(vocab_size: int, hidden: int = 192, layers: int = 4, heads: int = 4, max_positions: int = 2048,
+def tiny_llama_config(vocab_size: int, hidden: int = 128, layers: int = 4, heads: int = 4, max_positions: int = 2048,
                       pad_token_id: int = 0, eos_token_id: int = 2):
     from transformers import LlamaConfig
 
@@ -34,8 +34,8 @@ def tiny_llama_config(vocab_size: int, hidden: int = 192, layers: int = 4, heads
 
 
 def create_tiny_model(seed: int = 0, tokenizer: str = "word", **config_kwargs):
-    """A fresh random tiny Llama and its tokenizer: 'word' (the CPU default, about 4M parameters of which 2M
-    are number embeddings) or 'byte' (about 1.9M)."""
+    """A fresh random tiny Llama and its tokenizer: 'word' (the CPU default, about 2.2M parameters of which
+    1.4M are the word/number embeddings) or 'byte' (about 0.9M)."""
     import torch
     from transformers import LlamaForCausalLM
 
