@@ -81,7 +81,7 @@ def main() -> None:
     print(f"TRACE rollout step ({res.rollouts} rollouts, {res.generated_tokens:,} tokens, {t['total']:.1f}s): "
           f"generate {100 * t['generate'] / t['total']:.1f}%, predictor {100 * t['predictor'] / t['total']:.2f}%, "
           f"allocate {100 * t['allocate'] / t['total']:.3f}%, engine overhead (allocation + bookkeeping + env) "
-          f"{100 * (t['total'] - t['generate'] - t['predictor']) / t['total']:.2f}%")
+          f"{100 * res.overhead / t['total']:.2f}%")
 
 
 if __name__ == "__main__":

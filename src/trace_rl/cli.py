@@ -82,8 +82,6 @@ def _sampling(args: argparse.Namespace):
 
 
 def _sft(args: argparse.Namespace) -> None:
-    import torch
-
     from .envs.calculator import make_tasks
     from .lm.evaluate import success_by_difficulty
     from .lm.hf_backend import HFBackend
@@ -91,7 +89,6 @@ def _sft(args: argparse.Namespace) -> None:
     from .lm.sft import train_sft
 
     params = _sampling(args)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     if args.model == DEFAULT_MODEL:
         model, tok = create_tiny_model(seed=args.seed)
         out = Path(args.out) if args.out else cache_dir() / "tiny-sft"
@@ -225,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_simulate)
 
     sft = sub.add_parser("sft", help="warm-start a policy on the built-in task's demonstrations and cache it")
-    sft.add_argument("--model", default="tiny", help="'tiny' (byte-level CPU default), 'smollm2-135m', or a path / hub id")
+    sft.add_argument("--model", default="tiny", help="'tiny' (the word-tokenizer CPU default), 'smollm2-135m', or a path / hub id")
     sft.add_argument("--minutes", type=float, default=8.0, help="wall-clock cap for training")
     sft.add_argument("--max-steps", type=int, default=1100, help="the default run stops here (about 6 minutes on 2 cores)")
     sft.add_argument("--batch-size", type=int, default=8)

@@ -42,7 +42,7 @@ def compare_methods(
         method = get_method(name)
         predictor = make_predictor(method)
         engine = make_engine(predictor)
-        acc = {"er": [], "groups": 0, "rollouts": 0, "tokens": 0, "prefix_tokens": 0, "reward": [],
+        acc = {"er": [], "groups": 0, "rollouts": 0, "tokens": 0, "reward": [],
                "generate": 0.0, "predictor": 0.0, "allocate": 0.0, "total": 0.0, "unspent": 0}
         rng = np.random.default_rng(seed)
         for step, pool in enumerate(pools):
@@ -52,7 +52,6 @@ def compare_methods(
             acc["groups"] += contrast_groups(active)
             acc["rollouts"] += res.rollouts
             acc["tokens"] += res.generated_tokens
-            acc["prefix_tokens"] += res.prefix_generated_tokens
             acc["reward"].append(mean_reward(active))
             acc["unspent"] += res.unspent_prefix_budget
             for k in ("generate", "predictor", "allocate", "total"):
@@ -67,8 +66,7 @@ def compare_methods(
                     for rec in node_records(active):
                         fh.write(json.dumps({"method": name, "step": step, **rec}) + "\n")
             examples, targets = training_examples(active, prefix_share, rng)
-            if hasattr(predictor, "update"):
-                predictor.update(examples, targets)
+            predictor.update(examples, targets)
             if progress:
                 print(f"\r{name:<18} step {step + 1}/{len(pools)}  effective ratio {np.mean(acc['er']):.3f}  "
                       f"tokens {acc['tokens']:,}", end="", file=sys.stderr, flush=True)
