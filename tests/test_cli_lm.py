@@ -21,6 +21,7 @@ def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "groups_per_1k_rollouts" in out and "trace" in out and (tmp_path / "rollout_summary.json").exists()
+    assert (tmp_path / "effective_ratio.png").exists()
 
 
 def test_eval_reports_pass_at_k(sft_model, capsys):
@@ -49,3 +50,10 @@ def test_diagnose_after_simulate(tmp_path, capsys):
     assert "spearman" in out and "prefixes" in out
     assert (run / "calibration_by_depth.png").exists() and (run / "spearman_over_steps.png").exists()
     assert main(["diagnose", str(tmp_path / "nope")]) == 2
+
+
+def test_bad_task_mix_is_one_line_error(capsys):
+    assert main(["rollout", "--chain-steps", "1,x", "--steps", "1"]) == 2
+    assert "--chain-steps" in capsys.readouterr().err
+    assert main(["rollout", "--digits", "4", "--steps", "1"]) == 2
+    assert "--digits" in capsys.readouterr().err

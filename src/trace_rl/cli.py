@@ -81,14 +81,34 @@ def _sampling(args: argparse.Namespace):
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
 
 
+def _calc_mix(args: argparse.Namespace) -> dict:
+    """--chain-steps / --digits as make_tasks keywords, checked against what the calculator task supports."""
+    try:
+        steps = tuple(int(x) for x in args.chain_steps.split(","))
+        digits = tuple(int(x) for x in args.digits.split(","))
+    except ValueError:
+        raise ValueError("--chain-steps and --digits take comma-separated integers, e.g. 1,2,3") from None
+    if not all(1 <= s <= 8 for s in steps) or not all(1 <= d <= 3 for d in digits):
+        raise ValueError(f"--chain-steps must lie in 1..8 and --digits in 1..3, got {steps} and {digits}")
+    return {"steps": steps, "digits": digits}
+
+
+def _add_calc_mix(p: argparse.ArgumentParser, what: str) -> None:
+    from .envs.calculator import RL_MIX
+
+    p.add_argument("--chain-steps", default=",".join(map(str, RL_MIX["steps"])), help=f"chain lengths of {what}")
+    p.add_argument("--digits", default=",".join(map(str, RL_MIX["digits"])), help=f"number sizes (digits) of {what}")
+
+
 def _sft(args: argparse.Namespace) -> None:
-    from .envs.calculator import make_tasks
+    from .envs.calculator import DEMO_MIX, make_tasks
     from .lm.evaluate import success_by_difficulty
     from .lm.hf_backend import HFBackend
     from .lm.models import DEFAULT_MODEL, cache_dir, create_tiny_model, load_model
     from .lm.sft import train_sft
 
     params = _sampling(args)
+    mix = _calc_mix(args)
     if args.model == DEFAULT_MODEL:
         model, tok = create_tiny_model(seed=args.seed)
         out = Path(args.out) if args.out else cache_dir() / "tiny-sft"
@@ -96,14 +116,15 @@ def _sft(args: argparse.Namespace) -> None:
         model, tok = load_model(args.model)
         out = Path(args.out) if args.out else cache_dir() / (Path(args.model).name + "-sft")
     print(f"model: {args.model} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters) -> {out}")
-    stats = train_sft(model, tok, make_tasks(args.tasks, seed=args.seed + 1), max_steps=args.max_steps,
+    stats = train_sft(model, tok, make_tasks(args.tasks, seed=args.seed + 1, **DEMO_MIX), max_steps=args.max_steps,
                       max_seconds=args.minutes * 60, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     print(f"trained {stats['steps']} steps, {stats['tokens']:,} tokens in {stats['seconds']:.0f}s "
           f"({stats['tokens'] / stats['seconds']:,.0f} tok/s), final loss {stats['loss']:.3f}")
-    report = success_by_difficulty(HFBackend(model, tok), make_tasks(args.eval_tasks, seed=10_000 + args.seed), params)
+    report = success_by_difficulty(HFBackend(model, tok), make_tasks(args.eval_tasks, seed=10_000 + args.seed, **mix),
+                                  params)
     print(f"success on {args.eval_tasks} held-out tasks at temperature {params.temperature}:")
     for key, val in report.items():
         print(f"  {key:<20} {val:.3f}")
@@ -113,6 +134,7 @@ def _sft(args: argparse.Namespace) -> None:
 def _rollout(args: argparse.Namespace) -> None:
     from .envs.calculator import CalculatorEnv, make_tasks
     from .lm.hf_backend import HFBackend
+    from .plots import plot_metric
     from .predictors.history import RewardHistoryPredictor
     from .predictors.text import light_text_predictor
     from .rollout.compare import compare_methods
@@ -127,9 +149,10 @@ def _rollout(args: argparse.Namespace) -> None:
     if oracle:
         raise ValueError(f"--methods: {oracle} need the exact V that only the testbed has (trace-rl simulate)")
     params = _sampling(args)
+    mix = _calc_mix(args)  # bad input fails before the model loads
     plan = BudgetPlan(args.prompts, args.rollouts_per_prompt, args.branch_factor, args.pool_factor, args.max_per_prompt)
     backend = HFBackend.load(args.model, device=args.device)
-    tasks = make_tasks(plan.pool * args.steps, seed=args.seed + 20_000)
+    tasks = make_tasks(plan.pool * args.steps, seed=args.seed + 20_000, **mix)
     pools = [tasks[i * plan.pool: (i + 1) * plan.pool] for i in range(args.steps)]
     rows = compare_methods(
         lambda pred: TreeRolloutEngine(backend, CalculatorEnv, pred, plan, params, seed=args.seed),
@@ -141,7 +164,12 @@ def _rollout(args: argparse.Namespace) -> None:
     out = Path(args.out)
     (out / "rollout_summary.json").write_text(json.dumps(rows, indent=2))
     (out / "rollout_summary.txt").write_text(table + "\n")
-    print(f"\nwrote {out}/rollout_summary.json")
+    per_step: dict[str, list[dict]] = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        per_step.setdefault(rec["method"], []).append(rec)
+    plot_metric(per_step, "effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)")
+    print(f"\nwrote {out}/rollout_summary.json, metrics.jsonl, predictions.jsonl, effective_ratio.png")
 
 
 def _diagnose(args: argparse.Namespace) -> None:
@@ -223,12 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sft = sub.add_parser("sft", help="warm-start a policy on the built-in task's demonstrations and cache it")
     sft.add_argument("--model", default="tiny", help="'tiny' (the word-tokenizer CPU default), 'smollm2-135m', or a path / hub id")
-    sft.add_argument("--minutes", type=float, default=8.0, help="wall-clock cap for training")
-    sft.add_argument("--max-steps", type=int, default=1100, help="the default run stops here (about 6 minutes on 2 cores)")
+    sft.add_argument("--minutes", type=float, default=6.0, help="wall-clock cap for training")
+    sft.add_argument("--max-steps", type=int, default=1500, help="the default run stops here (about 4.5 minutes on 2 cores)")
     sft.add_argument("--batch-size", type=int, default=8)
     sft.add_argument("--lr", type=float, default=1e-3)
     sft.add_argument("--tasks", type=int, default=20_000, help="demonstrations to draw from")
-    sft.add_argument("--eval-tasks", type=int, default=256)
+    sft.add_argument("--eval-tasks", type=int, default=512, help="held-out tasks of the RL mix to report success on")
+    _add_calc_mix(sft, "the held-out report (demonstrations: chains of 1-4 steps, 1-2 digits)")
     sft.add_argument("--seed", type=int, default=0)
     sft.add_argument("--out", help="where to save (default: the user cache, where --model tiny finds it)")
     _add_sampling(sft)
@@ -236,9 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     ro = sub.add_parser("rollout", help="grow trees from a frozen policy with several methods at equal budget")
     ro.add_argument("--model", default="tiny", help="'tiny' (after trace-rl sft), 'smollm2-135m', or a path / hub id")
-    ro.add_argument("--methods", default="grpo,pcl,treepo,trace_root_only,trace_prefix_only,trace")
-    ro.add_argument("--steps", type=int, default=3, help="candidate pools to grow trees on")
-    ro.add_argument("--prompts", type=int, default=8)
+    ro.add_argument("--methods", default="grpo,pcl,treepo,trace_root_only,trace",
+                    help=f"comma-separated, from: {', '.join(m for m in METHODS if 'oracle' not in m)}")
+    ro.add_argument("--steps", type=int, default=10, help="candidate pools to grow trees on (the predictor learns online)")
+    ro.add_argument("--prompts", type=int, default=32, help="P: prompts a flat method samples per step")
     ro.add_argument("--rollouts-per-prompt", type=int, default=8)
     ro.add_argument("--branch-factor", type=int, default=1)
     ro.add_argument("--pool-factor", type=int, default=4)
@@ -246,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--device", default="cpu")
     ro.add_argument("--seed", type=int, default=0)
     ro.add_argument("--out", default="runs/rollout")
+    _add_calc_mix(ro, "the candidate pools")
     _add_sampling(ro)
     ro.set_defaults(func=_rollout)
 

@@ -77,3 +77,17 @@ def test_save_and_load_round_trip(tmp_path):
     g = RewardHistoryPredictor()
     g.load(tmp_path / "h.json")
     assert np.allclose(g.predict(prefixes), h.predict(prefixes))
+
+
+def test_text_features_flag_numbers_the_agent_did_not_read():
+    from trace_rl.predictors.text import HashedTextFeatures
+
+    def path(action):
+        tree = RolloutTree(0, prompt={"question": "Compute 17 +25 *3 left to right."})
+        tree.add_turn("0", action=action, observation="42. Next: *3")
+        return tree, "0.0"
+
+    feats = HashedTextFeatures(64)
+    copied, invented = feats([path("calc[17+25]"), path("calc[71+25]")])
+    assert copied[-1] == 0.0 and invented[-1] > 0.0  # 71 appears nowhere in what the agent had read
+    assert copied[-3] == 3 / 8 and copied[-2] == 2 / 4  # three numbers in the prompt, the longest has 2 digits

@@ -41,8 +41,15 @@ def make_task(rng: np.random.Generator, steps: int, digits: int, index: int = 0)
             "steps": steps, "digits": digits, "data_source": "calculator"}
 
 
-def make_tasks(count: int, seed: int, steps=(1, 2, 3), digits=(1,)) -> list[dict]:
-    """A difficulty mix: steps and digits drawn uniformly from the given choices."""
+# The warm start sees demonstrations of chains up to 4 steps of up to 2-digit numbers; the RL mix (the default of
+# make_tasks) also holds 5-step chains and 3-digit numbers, beyond the demonstrations, where the warm-started policy
+# rarely or never succeeds. So a candidate pool holds near-certain, mixed and hopeless prompts, as real RL data does.
+DEMO_MIX = {"steps": (1, 2, 3, 4), "digits": (1, 2)}
+RL_MIX = {"steps": (1, 2, 3, 4, 5), "digits": (1, 2, 3)}
+
+
+def make_tasks(count: int, seed: int, steps=RL_MIX["steps"], digits=RL_MIX["digits"]) -> list[dict]:
+    """A difficulty mix: steps and digits drawn uniformly from the given choices (default: the RL mix)."""
     rng = np.random.default_rng(seed)
     return [make_task(rng, int(rng.choice(steps)), int(rng.choice(digits)), index=i) for i in range(count)]
 

@@ -76,6 +76,7 @@ def compare_methods(
         rows.append({
             "method": name,
             "effective_ratio": float(np.mean(acc["er"])),
+            "er_second_half": float(np.mean(acc["er"][len(acc["er"]) // 2:])),  # once the predictor has data
             "groups_per_1k_rollouts": 1000.0 * acc["groups"] / max(acc["rollouts"], 1),
             "success_rate": float(np.mean(acc["reward"])),
             "rollouts": acc["rollouts"],
@@ -89,5 +90,6 @@ def compare_methods(
         })
     base = next((r for r in rows if r["method"] == "grpo"), rows[0])
     for r in rows:
-        r["er_vs_" + base["method"]] = r["effective_ratio"] / base["effective_ratio"] if base["effective_ratio"] else float("nan")
+        for key, label in (("effective_ratio", ""), ("er_second_half", "_second_half")):
+            r[f"er_vs_{base['method']}{label}"] = r[key] / base[key] if base[key] else float("nan")
     return rows
