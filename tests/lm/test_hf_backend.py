@@ -72,3 +72,20 @@ def test_bad_inputs_are_clear_errors(backend):
         backend.generate([[]], SamplingParams())
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_model("./no/such/model")
+
+
+def test_copies_of_distinct_prompts_in_one_call_are_encoded_once(backend):
+    # the engine batches the continuations of several anchors together: each anchor's history is encoded once
+    tok = backend.tokenizer
+    backend.clear_cache()
+    shared = tok("a system prompt and a question", add_special_tokens=False).input_ids
+    a = shared + tok(" then turn one", add_special_tokens=False).input_ids
+    b = shared + tok(" then another turn", add_special_tokens=False).input_ids
+    prompts = [a, b, a, a, b]
+    gens = backend.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=8), seed=3)
+    lcp = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert lcp >= len(shared)
+    assert gens[0].prefix_tokens_computed == len(a) + len(b) - lcp  # not three of a's suffix and two of b's
+    for p, g in zip(prompts, gens):
+        assert max(abs(x - y) for x, y in zip(full_logprobs(backend, p, g), g.logprobs)) < 1e-3
+    assert len({tuple(g.token_ids) for g in gens}) > 1  # copies still sample independently

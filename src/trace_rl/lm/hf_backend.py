@@ -2,10 +2,11 @@
 
 Design: a call samples one continuation per prompt, in one batch. The longest prefix that all prompts share
 is prefilled once (or found in a small LRU of prefix caches from earlier calls), its KV cache is copied B
-times (`DynamicCache.batch_repeat_interleave`), and only each prompt's own suffix is encoded, left-padded
-inside the suffix segment with explicit position ids so every row sees contiguous positions. So k
-continuations of one prefix cost one prefill of that prefix; a turn of m episodes of one prompt re-encodes
-only their diverging histories. What it does not do: keep a per-episode cache across turns (a padded batch
+times (`DynamicCache.batch_repeat_interleave`), and only each distinct prompt's own suffix is encoded (copies of one prompt share
+their rows), left-padded inside the suffix segment with explicit position ids so every row sees contiguous
+positions. So k continuations of one prefix cost one prefill of that prefix, also when the engine batches them
+with other anchors' continuations; a turn of m episodes of one prompt re-encodes only their diverging
+histories. What it does not do: keep a per-episode cache across turns (a padded batch
 cache cannot be split back into plain prefixes); a vLLM server with automatic prefix caching does that.
 
 Relies on transformers' `DynamicCache` (crop, batch_repeat_interleave) and on causal LMs accepting a 2-D
@@ -99,38 +100,24 @@ class HFBackend:
         gen = torch.Generator(device=self.device)
         gen.manual_seed(0 if seed is None else int(seed))
 
-        first, B = prompts[0], len(prompts)
-        if all(p == first for p in prompts):  # k continuations of one prefix: nothing but the prefix to encode
-            cache, computed, logits = self._prefix_kv(first)
-            mask = torch.ones((B, len(first)), dtype=torch.long, device=self.device)
-            next_pos = torch.full((B, 1), len(first), device=self.device)
-            logits = logits.expand(B, -1)
-            if B > 1:
-                cache.batch_repeat_interleave(B)
+        B = len(prompts)
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        uniq = [list(p) for p in distinct]
+        if len(uniq) == 1:  # k continuations of one prefix: nothing but the prefix to encode
+            cache, computed, logits = self._prefix_kv(uniq[0])
+            mask = torch.ones((1, len(uniq[0])), dtype=torch.long, device=self.device)
+            next_pos = torch.full((1, 1), len(uniq[0]), device=self.device)
         else:
-            lcp = min(len(p) for p in prompts) - 1  # keep one token per row to produce the first logits
-            for p in prompts[1:]:
-                n = 0
-                while n < lcp and p[n] == first[n]:
-                    n += 1
-                lcp = n
-            cache, computed, _ = self._prefix_kv(first[:lcp])
-            if B > 1:
-                cache.batch_repeat_interleave(B)
-            suffixes = [p[lcp:] for p in prompts]
-            width = max(len(s) for s in suffixes)
-            ids = torch.full((B, width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((B, lcp + width), dtype=torch.long)
-            mask[:, :lcp] = 1
-            for i, s in enumerate(suffixes):
-                ids[i, width - len(s):] = torch.tensor(s)
-                mask[i, lcp + width - len(s):] = 1
-            pos = (lcp + mask[:, lcp:].cumsum(-1) - 1).clamp(min=lcp)
-            ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
-            computed += sum(len(s) for s in suffixes)
-            with torch.no_grad():
-                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).logits[:, -1, :]
-            next_pos = pos[:, -1:] + 1
+            cache, computed, logits, mask, next_pos = self._encode_distinct(uniq)
+        # copies of one prompt (the continuations of one anchor, the bare rollouts of one prompt) share its
+        # encoded rows: each distinct prompt is encoded once, then its cache rows are repeated
+        idx = torch.tensor(rows, device=self.device)
+        if len(uniq) == 1 and B > 1:
+            cache.batch_repeat_interleave(B)
+        elif 1 < len(uniq) < B:
+            cache.batch_select_indices(idx)
+        logits, mask, next_pos = logits[idx], mask[idx], next_pos[idx]
 
         out_ids = [[] for _ in range(B)]
         out_lp = [[] for _ in range(B)]
@@ -159,6 +146,34 @@ class HFBackend:
             Generation(o, l, r, self.tokenizer.decode(o), prefix_tokens_computed=computed)
             for o, l, r in zip(out_ids, out_lp, reason)
         ]
+
+    def _encode_distinct(self, prompts: list[list[int]]):
+        """Prefill distinct prompts: their shared prefix once (through the prefix cache), then each suffix,
+        left-padded inside the suffix segment with explicit positions. (cache, computed, logits, mask, pos)."""
+        torch = self.torch
+        first, U = prompts[0], len(prompts)
+        lcp = min(len(p) for p in prompts) - 1  # keep one token per row to produce the first logits
+        for p in prompts[1:]:
+            n = 0
+            while n < lcp and p[n] == first[n]:
+                n += 1
+            lcp = n
+        cache, computed, _ = self._prefix_kv(first[:lcp])
+        cache.batch_repeat_interleave(U)
+        suffixes = [p[lcp:] for p in prompts]
+        width = max(len(s) for s in suffixes)
+        ids = torch.full((U, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((U, lcp + width), dtype=torch.long)
+        mask[:, :lcp] = 1
+        for i, s in enumerate(suffixes):
+            ids[i, width - len(s):] = torch.tensor(s)
+            mask[i, lcp + width - len(s):] = 1
+        pos = (lcp + mask[:, lcp:].cumsum(-1) - 1).clamp(min=lcp)
+        ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
+        computed += sum(len(s) for s in suffixes)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).logits[:, -1, :]
+        return cache, computed, logits, mask, pos[:, -1:] + 1
 
     def _hit_stop(self, ids: list[int], stops: tuple[str, ...]) -> bool:
         tail = self.tokenizer.decode(ids[-16:])
