@@ -80,7 +80,8 @@ def main() -> None:
     t = res.time
     print(f"TRACE rollout step ({res.rollouts} rollouts, {res.generated_tokens:,} tokens, {t['total']:.1f}s): "
           f"generate {100 * t['generate'] / t['total']:.1f}%, predictor {100 * t['predictor'] / t['total']:.2f}%, "
-          f"allocate {100 * t['allocate'] / t['total']:.3f}%, engine overhead (allocation + bookkeeping + env) "
+          f"allocate {100 * t['allocate'] / t['total']:.3f}%, env steps + observation tokens "
+          f"{100 * t['env'] / t['total']:.2f}%, engine overhead (allocation + bookkeeping) "
           f"{100 * res.overhead / t['total']:.2f}%")
 
 

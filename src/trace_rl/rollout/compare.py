@@ -43,7 +43,7 @@ def compare_methods(
         predictor = make_predictor(method)
         engine = make_engine(predictor)
         acc = {"er": [], "groups": 0, "rollouts": 0, "tokens": 0, "reward": [],
-               "generate": 0.0, "predictor": 0.0, "allocate": 0.0, "total": 0.0, "unspent": 0}
+               "generate": 0.0, "predictor": 0.0, "allocate": 0.0, "env": 0.0, "total": 0.0, "unspent": 0}
         rng = np.random.default_rng(seed)
         for step, pool in enumerate(pools):
             res = engine.grow(pool, method, step)
@@ -54,7 +54,7 @@ def compare_methods(
             acc["tokens"] += res.generated_tokens
             acc["reward"].append(mean_reward(active))
             acc["unspent"] += res.unspent_prefix_budget
-            for k in ("generate", "predictor", "allocate", "total"):
+            for k in ("generate", "predictor", "allocate", "env", "total"):
                 acc[k] += res.time[k]
             if out:
                 record = {"method": name, "step": step, "effective_ratio": acc["er"][-1], "rollouts": res.rollouts,
@@ -85,7 +85,9 @@ def compare_methods(
             "generate_pct": 100 * acc["generate"] / total,
             "predictor_pct": 100 * acc["predictor"] / total,
             "allocate_pct": 100 * acc["allocate"] / total,
-            "overhead_pct": 100 * max(total - acc["generate"] - acc["predictor"] - acc["allocate"], 0) / total,
+            "env_pct": 100 * acc["env"] / total,
+            # the engine's own share: allocation + bookkeeping (StepResult.overhead)
+            "overhead_pct": 100 * max(total - acc["generate"] - acc["predictor"] - acc["env"], 0) / total,
             "wall_s": acc["total"],
         })
     base = next((r for r in rows if r["method"] == "grpo"), rows[0])

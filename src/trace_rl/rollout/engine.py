@@ -8,8 +8,9 @@ while others are still in their bare rollouts), and the model still sees large b
 synchronous on the loop thread: on one device nothing else needs to run while the model does.
 
 Every baseline of the core runs through the same engine (a `Method` picks the root and prefix strategies).
-Budget is accounted in rollouts and in generated tokens; the time split is generate / predictor / allocate,
-and everything else (bookkeeping, environment steps) is reported as engine overhead.
+Budget is accounted in rollouts and in generated tokens; the time split is generate / predictor / allocate /
+env (environment steps and tokenising their observations, which any rollout pays), and the rest of the
+engine's time (allocation and bookkeeping) is reported as its overhead.
 """
 
 from __future__ import annotations
@@ -38,13 +39,15 @@ class StepResult:
     generated_tokens: int = 0
     prefix_generated_tokens: int = 0
     unspent_prefix_budget: int = 0
-    time: dict = field(default_factory=lambda: {"generate": 0.0, "predictor": 0.0, "allocate": 0.0, "total": 0.0})
+    time: dict = field(default_factory=lambda: {"generate": 0.0, "predictor": 0.0, "allocate": 0.0, "env": 0.0,
+                                                "total": 0.0})
     events: list[tuple[str, int, float]] = field(default_factory=list)  # (what, prompt index, seconds)
 
     @property
     def overhead(self) -> float:
+        """The engine's own time (allocation and bookkeeping): neither the model, the predictor nor the env."""
         t = self.time
-        return max(t["total"] - t["generate"] - t["predictor"], 0.0)
+        return max(t["total"] - t["generate"] - t["predictor"] - t["env"], 0.0)
 
 
 class _MicroBatcher:
@@ -125,15 +128,15 @@ class TreeRolloutEngine:
         return result
 
     async def _grow_prompt(self, i, tree, task, mi, method, batcher, result) -> None:
-        env = self.env_factory()
-        first = start_episode(env, task, self.fmt)
-        tree.root.token_ids = list(first.token_ids)
-        tree.root.loss_mask = [0] * len(first.token_ids)
-        episodes = [first] + [start_episode(self.env_factory(), task, self.fmt) for _ in range(mi - 1)]
+        t0 = time.perf_counter()
+        episodes = [start_episode(self.env_factory(), task, self.fmt) for _ in range(mi)]
+        result.time["env"] += time.perf_counter() - t0
+        tree.root.token_ids = list(episodes[0].token_ids)
+        tree.root.loss_mask = [0] * len(episodes[0].token_ids)
         snapshots: dict[str, Episode] = {}
         result.rollouts += mi
         # await first, then add: `x += await ...` would read x before the await and lose other prompts' updates
-        tokens = await self._lockstep(tree, episodes, [tree.root_id] * mi, BARE, batcher,
+        tokens = await self._lockstep(tree, episodes, [tree.root_id] * mi, BARE, batcher, result,
                                       snapshots if method.branches else None)
         result.generated_tokens += tokens
         result.events.append(("bare_done", i, time.perf_counter() - self._t0))
@@ -161,11 +164,11 @@ class TreeRolloutEngine:
         result.events.append(("stage2_start", i, time.perf_counter() - self._t0))
         result.continuations += len(branches)
         result.rollouts += len(branches)
-        tokens = await self._lockstep(tree, branches, parents, BRANCH, batcher, None)
+        tokens = await self._lockstep(tree, branches, parents, BRANCH, batcher, result, None)
         result.generated_tokens += tokens
         result.prefix_generated_tokens += tokens
 
-    async def _lockstep(self, tree, episodes, parents, origin, batcher, snapshots) -> int:
+    async def _lockstep(self, tree, episodes, parents, origin, batcher, result, snapshots) -> int:
         generated = 0
         while True:
             live = [j for j, ep in enumerate(episodes) if not ep.done]
@@ -174,7 +177,9 @@ class TreeRolloutEngine:
             gens = await batcher.generate([episodes[j].token_ids for j in live])
             for j, gen in zip(live, gens):
                 ep = episodes[j]
+                t0 = time.perf_counter()
                 turn = apply_generation(ep, gen, self.fmt)
+                result.time["env"] += time.perf_counter() - t0
                 generated += len(gen.token_ids)
                 if not ep.done and len(ep.turns) >= ep.env.max_turns:
                     ep.done = True
