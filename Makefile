@@ -1,5 +1,5 @@
 # The whole set-up is `make demo` (the main job) and `make test` (the suite); both create .venv first.
-.PHONY: install models demo evidence ablation propositions bench test clean
+.PHONY: install models demo rollout evidence ablation propositions bench test clean
 
 install: .venv/.installed
 
@@ -12,6 +12,10 @@ models: install
 
 demo: install
 	.venv/bin/trace-rl simulate --out runs/simulate
+
+rollout: install
+	.venv/bin/trace-rl sft
+	.venv/bin/trace-rl rollout --out runs/rollout
 
 evidence: install
 	.venv/bin/trace-rl simulate --seeds 0,1,2,3 --out runs/simulate
