@@ -89,3 +89,35 @@ def test_copies_of_distinct_prompts_in_one_call_are_encoded_once(backend):
     for p, g in zip(prompts, gens):
         assert max(abs(x - y) for x, y in zip(full_logprobs(backend, p, g), g.logprobs)) < 1e-3
     assert len({tuple(g.token_ids) for g in gens}) > 1  # copies still sample independently
+
+
+def test_next_turn_encodes_only_new_tokens_and_matches_a_plain_forward(backend):
+    # an episode's next prompt extends its last prompt and generation: only the new tokens are encoded
+    tok = backend.tokenizer
+    backend.clear_cache()
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    prompts = [tok(f"question {i}: compute things", add_special_tokens=False).input_ids for i in range(3)]
+    gens = backend.generate(prompts, params, seed=4)
+    obs = tok(" observation", add_special_tokens=False).input_ids
+    fresh = tok("an unrelated new prompt", add_special_tokens=False).input_ids
+    turn2 = [p + g.token_ids + obs for p, g in zip(prompts, gens)] + [fresh]
+    gens2 = backend.generate(turn2, params, seed=5)
+    unfed = sum(g.stop_reason == "stop" for g in gens)  # a row's stopping token was never fed
+    assert gens2[0].prefix_tokens_computed == 3 * len(obs) + unfed + len(fresh)
+    for p, g in zip(turn2, gens2):
+        assert max(abs(x - y) for x, y in zip(full_logprobs(backend, p, g), g.logprobs)) < 1e-3
+    # a continuation from an earlier turn's prefix (stage 2 forks there) reuses it too
+    fork = prompts[1] + gens[1].token_ids + tok(" other", add_special_tokens=False).input_ids
+    g = backend.generate([fork] * 2, params, seed=6)[0]
+    assert g.prefix_tokens_computed == len(fork) - len(prompts[1]) - len(gens[1].token_ids) + (gens[1].stop_reason == "stop")
+    assert max(abs(x - y) for x, y in zip(full_logprobs(backend, fork, g), g.logprobs)) < 1e-3
+
+
+def test_row_cache_stays_within_its_byte_budget(backend):
+    small = HFBackend(backend.model, backend.tokenizer, row_cache_bytes=20_000)
+    prompts = [backend.tokenizer(f"prompt number {i}", add_special_tokens=False).input_ids for i in range(6)]
+    gens = small.generate(prompts, SamplingParams(max_new_tokens=5), seed=0)
+    assert 0 < small._row_bytes <= 20_000 and len(small._rows) < 6
+    again = small.generate([p + g.token_ids for p, g in zip(prompts, gens)], SamplingParams(max_new_tokens=5), seed=1)
+    for p, g0, g in zip(prompts, gens, again):
+        assert max(abs(x - y) for x, y in zip(full_logprobs(small, p + g0.token_ids, g), g.logprobs)) < 1e-3

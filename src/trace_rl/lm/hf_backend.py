@@ -1,13 +1,16 @@
 """Hugging Face transformers backend with prefix-KV sharing, for CPU or GPU.
 
-Design: a call samples one continuation per prompt, in one batch. The longest prefix that all prompts share
-is prefilled once (or found in a small LRU of prefix caches from earlier calls), its KV cache is copied B
-times (`DynamicCache.batch_repeat_interleave`), and only each distinct prompt's own suffix is encoded (copies of one prompt share
-their rows), left-padded inside the suffix segment with explicit position ids so every row sees contiguous
-positions. So k continuations of one prefix cost one prefill of that prefix, also when the engine batches them
-with other anchors' continuations; a turn of m episodes of one prompt re-encodes only their diverging
-histories. What it does not do: keep a per-episode cache across turns (a padded batch
-cache cannot be split back into plain prefixes); a vLLM server with automatic prefix caching does that.
+Design: a call samples one continuation per prompt, in one batch. Each distinct prompt is encoded once (copies
+share rows). The longest prefix that all prompts share is prefilled once (or found in a small LRU of prefix
+caches from earlier calls) and its KV copied to every row (`DynamicCache.batch_repeat_interleave`). Every
+row's KV is also kept after the call, under its token sequence (prompt plus what was fed of its generation),
+in a byte-bounded LRU: an episode's next turn, or a continuation forked at an earlier turn, finds the longest
+kept sequence its prompt extends, and only the new tokens (the observation) are encoded. Rows whose kept
+prefixes differ in length are left-padded into one batch cache, with explicit position ids so every row sees
+its true positions. So k continuations of one prefix cost one prefill of that prefix, and a multi-turn
+episode costs one encoding of each token it sees. The price: one copy of each row's KV per call (a few % of a
+step on the tiny CPU model), and memory up to `row_cache_bytes`; a vLLM server with automatic prefix caching
+does the same with paged memory.
 
 Relies on transformers' `DynamicCache` (crop, batch_repeat_interleave) and on causal LMs accepting a 2-D
 attention mask with zeros in the middle plus explicit `position_ids` (true of Llama, Qwen, Mistral).
@@ -24,7 +27,7 @@ from .backend import Generation, SamplingParams
 
 
 class HFBackend:
-    def __init__(self, model, tokenizer, prefix_cache_size: int = 8):
+    def __init__(self, model, tokenizer, prefix_cache_size: int = 8, row_cache_bytes: int = 512 * 2**20):
         import torch
 
         self.torch = torch
@@ -34,6 +37,11 @@ class HFBackend:
         self.eos_ids = {tokenizer.eos_token_id}
         self._prefix_cache: OrderedDict[tuple[int, ...], tuple[object, object]] = OrderedDict()  # -> (kv, last logits)
         self.prefix_cache_size = prefix_cache_size
+        # per-sequence KV of earlier calls (prompt + what was fed of its generation), keyed by (length, hash), so
+        # the next turn of an episode encodes only its new tokens; bounded in bytes, least recently used out
+        self._rows: OrderedDict[tuple[int, int], tuple[tuple[int, ...], list]] = OrderedDict()
+        self._row_lengths: dict[int, int] = {}
+        self._row_bytes, self.row_cache_bytes = 0, row_cache_bytes
         self.stats = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0}
 
     @classmethod
@@ -56,6 +64,12 @@ class HFBackend:
         cache, logits = copy.deepcopy(self._prefix_cache[best]) if best else (DynamicCache(), None)
         if best:
             self._prefix_cache.move_to_end(best)
+        row = self._row_lookup(shared) if len(best) < len(shared) - 1 else None
+        if row and row[0] > len(best):  # an earlier call's sequence covers more of it
+            best = shared[: row[0]]
+            cache, logits = DynamicCache(), None
+            for i, (k, v) in enumerate(row[1]):
+                cache.update(k, v, i)
         todo = shared[len(best):]
         if todo:
             ids = torch.tensor([todo], device=self.device)
@@ -72,6 +86,57 @@ class HFBackend:
 
     def clear_cache(self) -> None:
         self._prefix_cache.clear()
+        self._rows.clear()
+        self._row_lengths.clear()
+        self._row_bytes = 0
+
+    # -- per-sequence cache -------------------------------------------------------------------------
+    @staticmethod
+    def _hashes(seq: Sequence[int]) -> list[int]:
+        h, out = 0, []
+        for t in seq:
+            h = (h * 1_000_003 + t + 1) & 0xFFFFFFFFFFFFFFF
+            out.append(h)
+        return out
+
+    def _row_lookup(self, prompt: list[int]):
+        """(length, per-layer (K, V)) of the longest stored sequence that is a proper prefix of prompt, or None."""
+        hashes = None
+        for length in sorted(self._row_lengths, reverse=True):
+            if length >= len(prompt):
+                continue
+            hashes = hashes or self._hashes(prompt)
+            key = (length, hashes[length - 1])
+            entry = self._rows.get(key)
+            if entry is not None and entry[0] == tuple(prompt[:length]):
+                self._rows.move_to_end(key)
+                return length, entry[1]
+        return None
+
+    def _store_rows(self, seqs: list[list[int]], cache, cols: list) -> None:
+        """Keep row i's KV (cache columns cols[i], in order) under its token sequence seqs[i]."""
+        if not self.row_cache_bytes or not cache.layers:
+            return
+        for i, (seq, col) in enumerate(zip(seqs, cols)):
+            if not seq:
+                continue
+            key = (len(seq), self._hashes(seq)[-1])
+            if key in self._rows:
+                continue
+            kv = [(layer.keys[i: i + 1, :, col], layer.values[i: i + 1, :, col]) for layer in cache.layers]
+            self._rows[key] = (tuple(seq), kv)
+            self._row_lengths[len(seq)] = self._row_lengths.get(len(seq), 0) + 1
+            self._row_bytes += self._nbytes(kv)
+            while self._row_bytes > self.row_cache_bytes and self._rows:
+                (length, _), (_, old) = self._rows.popitem(last=False)
+                self._row_bytes -= self._nbytes(old)
+                self._row_lengths[length] -= 1
+                if not self._row_lengths[length]:
+                    del self._row_lengths[length]
+
+    @staticmethod
+    def _nbytes(kv: list) -> int:
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
 
     # -- sampling -----------------------------------------------------------------------------------
     def _sample(self, logits, params: SamplingParams, gen):
@@ -119,6 +184,8 @@ class HFBackend:
             cache.batch_select_indices(idx)
         logits, mask, next_pos = logits[idx], mask[idx], next_pos[idx]
 
+        prompt_cols = [mask[i].nonzero()[:, 0] for i in range(B)]
+        width0 = mask.shape[1]
         out_ids = [[] for _ in range(B)]
         out_lp = [[] for _ in range(B)]
         reason = ["length"] * B
@@ -142,14 +209,19 @@ class HFBackend:
                                     cache=cache, use_cache=True).logits[:, -1, :]
                 next_pos = next_pos + 1
         self.stats["generated_tokens"] += sum(len(o) for o in out_ids)
+        # a row's last token is fed to the model unless it ended the row ("stop"): those are its cache columns
+        fed = [len(o) - (r == "stop") for o, r in zip(out_ids, reason)]
+        self._store_rows([p + o[:f] for p, o, f in zip(prompts, out_ids, fed)], cache,
+                         [torch.cat([c, width0 + torch.arange(f, device=self.device)]) for c, f in zip(prompt_cols, fed)])
         return [
             Generation(o, l, r, self.tokenizer.decode(o), prefix_tokens_computed=computed)
             for o, l, r in zip(out_ids, out_lp, reason)
         ]
 
     def _encode_distinct(self, prompts: list[list[int]]):
-        """Prefill distinct prompts: their shared prefix once (through the prefix cache), then each suffix,
-        left-padded inside the suffix segment with explicit positions. (cache, computed, logits, mask, pos)."""
+        """Prefill distinct prompts: their shared prefix once (through the prefix cache), or a row's longer
+        sequence from an earlier call, then each row's remaining suffix, left-padded inside the suffix segment
+        with explicit positions. Returns (cache, computed, logits, mask, next positions)."""
         torch = self.torch
         first, U = prompts[0], len(prompts)
         lcp = min(len(p) for p in prompts) - 1  # keep one token per row to produce the first logits
@@ -158,22 +230,54 @@ class HFBackend:
             while n < lcp and p[n] == first[n]:
                 n += 1
             lcp = n
-        cache, computed, _ = self._prefix_kv(first[:lcp])
-        cache.batch_repeat_interleave(U)
-        suffixes = [p[lcp:] for p in prompts]
-        width = max(len(s) for s in suffixes)
+        shared, computed, _ = self._prefix_kv(first[:lcp])
+        hits = [self._row_lookup(p) for p in prompts]
+        hits = [h if h and h[0] > lcp else None for h in hits]
+        starts = [h[0] if h else lcp for h in hits]
+        if not any(hits):
+            cache = shared
+            cache.batch_repeat_interleave(U)
+            mask = torch.ones((U, lcp), dtype=torch.long, device=self.device)
+        else:
+            shared_kv = [(layer.keys, layer.values) for layer in shared.layers]
+            cache, mask = self._assemble([h[1] if h else shared_kv for h in hits], starts)
+            self.stats["reused_prefix_tokens"] += sum(h[0] for h in hits if h)
+        suffixes = [p[st:] for p, st in zip(prompts, starts)]
+        width = max(len(x) for x in suffixes)
         ids = torch.full((U, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((U, lcp + width), dtype=torch.long)
-        mask[:, :lcp] = 1
-        for i, s in enumerate(suffixes):
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, lcp + width - len(s):] = 1
-        pos = (lcp + mask[:, lcp:].cumsum(-1) - 1).clamp(min=lcp)
-        ids, mask, pos = ids.to(self.device), mask.to(self.device), pos.to(self.device)
-        computed += sum(len(s) for s in suffixes)
+        smask = torch.zeros((U, width), dtype=torch.long)
+        for i, x in enumerate(suffixes):
+            ids[i, width - len(x):] = torch.tensor(x)
+            smask[i, width - len(x):] = 1
+        start = torch.tensor(starts)[:, None]
+        pos = torch.maximum(start + smask.cumsum(-1) - 1, start)
+        ids, pos = ids.to(self.device), pos.to(self.device)
+        mask = torch.cat([mask, smask.to(self.device)], dim=1)
+        computed += sum(len(x) for x in suffixes)
         with torch.no_grad():
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).logits[:, -1, :]
         return cache, computed, logits, mask, pos[:, -1:] + 1
+
+    def _assemble(self, sources: list[list], starts: list[int]):
+        """One batch cache from per-row (K, V) lists of different lengths, left-padded; (cache, mask)."""
+        from transformers import DynamicCache
+
+        torch = self.torch
+        width = max(starts)
+        ref = next(src for src, st in zip(sources, starts) if st)
+        cache = DynamicCache()
+        for layer, (k0, v0) in enumerate(ref):
+            keys = k0.new_zeros((len(starts), k0.shape[1], width, k0.shape[3]))
+            values = v0.new_zeros((len(starts), v0.shape[1], width, v0.shape[3]))
+            for i, (src, st) in enumerate(zip(sources, starts)):
+                if st:
+                    keys[i, :, width - st:] = src[layer][0][0, :, :st]
+                    values[i, :, width - st:] = src[layer][1][0, :, :st]
+            cache.update(keys, values, layer)
+        mask = torch.zeros((len(starts), width), dtype=torch.long, device=self.device)
+        for i, st in enumerate(starts):
+            mask[i, width - st:] = 1
+        return cache, mask
 
     def _hit_stop(self, ids: list[int], stops: tuple[str, ...]) -> bool:
         tail = self.tokenizer.decode(ids[-16:])
