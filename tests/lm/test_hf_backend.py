@@ -121,3 +121,12 @@ def test_row_cache_stays_within_its_byte_budget(backend):
     again = small.generate([p + g.token_ids for p, g in zip(prompts, gens)], SamplingParams(max_new_tokens=5), seed=1)
     for p, g0, g in zip(prompts, gens, again):
         assert max(abs(x - y) for x, y in zip(full_logprobs(small, p + g0.token_ids, g), g.logprobs)) < 1e-3
+
+
+def test_prefix_hashes_match_the_rolling_definition():
+    seq = [3, 0, 49_999, 7] * 300
+    ref, h = [], 0
+    for t in seq:
+        h = (h * 1_000_003 + t + 1) % 2**64
+        ref.append(h)
+    assert [int(x) for x in HFBackend._hashes(seq)] == ref

@@ -23,6 +23,8 @@ import copy
 from collections import OrderedDict
 from typing import Sequence
 
+import numpy as np
+
 from .backend import Generation, SamplingParams
 
 
@@ -91,13 +93,23 @@ class HFBackend:
         self._row_bytes = 0
 
     # -- per-sequence cache -------------------------------------------------------------------------
-    @staticmethod
-    def _hashes(seq: Sequence[int]) -> list[int]:
-        h, out = 0, []
-        for t in seq:
-            h = (h * 1_000_003 + t + 1) & 0xFFFFFFFFFFFFFFF
-            out.append(h)
-        return out
+    _P = np.uint64(1_000_003)
+    _powers = np.ones(1, dtype=np.uint64)  # P^i, grown on demand
+    _inverse_powers = np.ones(1, dtype=np.uint64)  # P^-i mod 2^64 (P is odd, so invertible)
+
+    @classmethod
+    def _hashes(cls, seq: Sequence[int]) -> np.ndarray:
+        """Hash of every prefix of seq, h_i = sum_{j<=i} (t_j + 1) P^(i-j) mod 2^64, vectorised."""
+        n = len(seq)
+        if len(cls._powers) < n:
+            size = max(n, 2 * len(cls._powers))
+            inv = np.uint64(pow(int(cls._P), -1, 2**64))
+            with np.errstate(over="ignore"):
+                cls._powers = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, cls._P, dtype=np.uint64))])
+                cls._inverse_powers = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, inv, dtype=np.uint64))])
+        with np.errstate(over="ignore"):
+            t = np.asarray(seq, dtype=np.uint64) + np.uint64(1)
+            return np.cumsum(t * cls._inverse_powers[:n]) * cls._powers[:n]
 
     def _row_lookup(self, prompt: list[int]):
         """(length, per-layer (K, V)) of the longest stored sequence that is a proper prefix of prompt, or None."""
@@ -105,8 +117,9 @@ class HFBackend:
         for length in sorted(self._row_lengths, reverse=True):
             if length >= len(prompt):
                 continue
-            hashes = hashes or self._hashes(prompt)
-            key = (length, hashes[length - 1])
+            if hashes is None:
+                hashes = self._hashes(prompt)
+            key = (length, int(hashes[length - 1]))
             entry = self._rows.get(key)
             if entry is not None and entry[0] == tuple(prompt[:length]):
                 self._rows.move_to_end(key)
@@ -120,7 +133,7 @@ class HFBackend:
         for i, (seq, col) in enumerate(zip(seqs, cols)):
             if not seq:
                 continue
-            key = (len(seq), self._hashes(seq)[-1])
+            key = (len(seq), int(self._hashes(seq)[-1]))
             if key in self._rows:
                 continue
             kv = [(layer.keys[i: i + 1, :, col], layer.values[i: i + 1, :, col]) for layer in cache.layers]
