@@ -57,3 +57,10 @@ def test_bad_task_mix_is_one_line_error(capsys):
     assert "--chain-steps" in capsys.readouterr().err
     assert main(["rollout", "--digits", "4", "--steps", "1"]) == 2
     assert "--digits" in capsys.readouterr().err
+
+
+def test_rollout_with_an_lm_critic_that_does_not_exist_is_one_line(sft_model, tmp_path, capsys):
+    code = main(["rollout", "--model", str(sft_model), "--methods", "trace", "--steps", "1", "--prompts", "2",
+                 "--predictor", str(tmp_path / "no-critic"), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--predictor" in err and len(err.strip().splitlines()) == 1

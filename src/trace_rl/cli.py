@@ -150,14 +150,31 @@ def _rollout(args: argparse.Namespace) -> None:
         raise ValueError(f"--methods: {oracle} need the exact V that only the testbed has (trace-rl simulate)")
     params = _sampling(args)
     mix = _calc_mix(args)  # bad input fails before the model loads
+    if args.predictor != "light":
+        from .lm.models import SMOLLM2
+        from .predictors.lm_critic import MINILM
+
+        name = args.predictor
+        if name not in (MINILM, SMOLLM2) and not Path(name).exists() and name.count("/") != 1:
+            raise ValueError(f"--predictor: {name!r} is not 'light', {MINILM}, {SMOLLM2}, an existing path "
+                             "or a hub id (org/name)")
     plan = BudgetPlan(args.prompts, args.rollouts_per_prompt, args.branch_factor, args.pool_factor, args.max_per_prompt)
     backend = HFBackend.load(args.model, device=args.device)
     tasks = make_tasks(plan.pool * args.steps, seed=args.seed + 20_000, **mix)
     pools = [tasks[i * plan.pool: (i + 1) * plan.pool] for i in range(args.steps)]
+
+    def make_predictor(method):
+        if method.predictor == "history":
+            return RewardHistoryPredictor()
+        if args.predictor == "light":
+            return light_text_predictor(seed=args.seed)
+        from .predictors.lm_critic import LMCritic
+
+        return LMCritic(args.predictor, lr=3e-3, epochs=4, seed=args.seed)
+
     rows = compare_methods(
         lambda pred: TreeRolloutEngine(backend, CalculatorEnv, pred, plan, params, seed=args.seed),
-        lambda m: RewardHistoryPredictor() if m.predictor == "history" else light_text_predictor(seed=args.seed),
-        pools, methods, plan, seed=args.seed, out_dir=args.out,
+        make_predictor, pools, methods, plan, prefix_share=args.prefix_share, seed=args.seed, out_dir=args.out,
     )
     table = format_table(rows)
     print(table)
@@ -276,6 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--device", default="cpu", help="torch device of the policy, e.g. cuda")
     ro.add_argument("--seed", type=int, default=0, help="one seed reproduces the run (pools, samples, predictor)")
     ro.add_argument("--out", default="runs/rollout", help="run directory")
+    ro.add_argument("--predictor", default="light",
+                    help="'light' (hashed n-grams + logistic, the CPU default) or an LM critic backbone, trained head on "
+                         "a frozen backbone: all-minilm-l6-v2, smollm2-135m, a local path or hub id")
+    ro.add_argument("--prefix-share", type=float, default=0.5, help="share of prefix examples in a predictor batch")
     _add_calc_mix(ro, "the candidate pools")
     _add_sampling(ro)
     ro.set_defaults(func=_rollout)
