@@ -68,7 +68,8 @@ class HashedTextFeatures:
             self._add(x[row], "q", prompt)
             path = tree.path(nid)[1:]
             errors, unseen = 0, 0
-            seen = set(NUMBER.findall(prompt))
+            numbers = NUMBER.findall(prompt)
+            seen = set(numbers)
             for node in path:
                 self._add(x[row], "a", node.action)
                 self._add(x[row], "o", node.observation)
@@ -78,7 +79,6 @@ class HashedTextFeatures:
             norm = np.linalg.norm(x[row, : self.buckets])
             if norm:
                 x[row, : self.buckets] /= norm
-            numbers = NUMBER.findall(prompt)
             length = len(prompt) + sum(len(n.action) + len(n.observation) for n in path)
             x[row, self.buckets:] = (1.0, len(path) / 8.0, errors / max(len(path), 1), np.log1p(length) / 8.0,
                                      len(numbers) / 8.0, max(map(len, numbers), default=0) / 4.0, min(unseen, 2) / 2.0)
