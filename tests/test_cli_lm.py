@@ -4,6 +4,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trace_rl.cli import main  # noqa: E402
+from trace_rl.tree import load_trees  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -17,11 +18,15 @@ def sft_model(tmp_path_factory):
 
 def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):
     code = main(["rollout", "--model", str(sft_model), "--methods", "grpo,trace", "--steps", "1", "--prompts", "2",
-                 "--rollouts-per-prompt", "4", "--max-new-tokens", "8", "--out", str(tmp_path)])
+                 "--rollouts-per-prompt", "4", "--max-new-tokens", "8", "--out", str(tmp_path), "--save-trees"])
     assert code == 0
     out = capsys.readouterr().out
     assert "groups_per_1k_rollouts" in out and "trace" in out and (tmp_path / "rollout_summary.json").exists()
     assert (tmp_path / "effective_ratio.png").exists()
+    trees = load_trees(tmp_path / "trees_trace.jsonl")
+    assert trees and all(t.root.token_ids for t in trees)
+    leaves = [n for t in trees for n in t.turns() if n.terminal]
+    assert leaves and all(n.token_ids and len(n.loss_mask) == len(n.token_ids) and n.reward is not None for n in leaves)
 
 
 def test_eval_reports_pass_at_k(sft_model, capsys):

@@ -175,6 +175,7 @@ def _rollout(args: argparse.Namespace) -> None:
     rows = compare_methods(
         lambda pred: TreeRolloutEngine(backend, CalculatorEnv, pred, plan, params, seed=args.seed),
         make_predictor, pools, methods, plan, prefix_share=args.prefix_share, seed=args.seed, out_dir=args.out,
+        save_trees=args.save_trees,
     )
     table = format_table(rows)
     print(table)
@@ -297,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="'light' (hashed n-grams + logistic, the CPU default) or an LM critic backbone, trained head on "
                          "a frozen backbone: all-minilm-l6-v2, smollm2-135m, a local path or hub id")
     ro.add_argument("--prefix-share", type=float, default=0.5, help="share of prefix examples in a predictor batch")
+    ro.add_argument("--save-trees", action="store_true",
+                    help="write every method's trees (token ids, masks, log-probs, rewards) to trees_<method>.jsonl")
     _add_calc_mix(ro, "the candidate pools")
     _add_sampling(ro)
     ro.set_defaults(func=_rollout)

@@ -17,6 +17,7 @@ from ..baselines import BudgetPlan, get_method
 from ..metrics import contrast_groups, effective_ratio, mean_reward
 from ..predictors import training_examples
 from ..predictors.diagnostics import node_records, step_diagnostics
+from ..tree import save_trees as save_trees_to
 from .engine import TreeRolloutEngine
 
 
@@ -30,13 +31,15 @@ def compare_methods(
     seed: int = 0,
     progress: bool = True,
     out_dir: str | None = None,
+    save_trees: bool = False,
 ) -> list[dict]:
-    """One summary row per method; with out_dir, per-step metrics.jsonl and predictions.jsonl for diagnose."""
+    """One summary row per method; with out_dir, per-step metrics.jsonl and predictions.jsonl for diagnose,
+    and with save_trees every active tree (token ids, masks, log-probs, rewards) in trees_{method}.jsonl."""
     rows = []
     out = Path(out_dir) if out_dir else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        for name in ("metrics.jsonl", "predictions.jsonl"):
+        for name in ["metrics.jsonl", "predictions.jsonl"] + [f"trees_{m}.jsonl" for m in methods if save_trees]:
             (out / name).write_text("")
     for name in methods:
         method = get_method(name)
@@ -65,6 +68,8 @@ def compare_methods(
                 with open(out / "predictions.jsonl", "a") as fh:
                     for rec in node_records(active):
                         fh.write(json.dumps({"method": name, "step": step, **rec}) + "\n")
+                if save_trees:
+                    save_trees_to(out / f"trees_{name}.jsonl", active, append=True)
             examples, targets = training_examples(active, prefix_share, rng)
             predictor.update(examples, targets)
             if progress:
