@@ -1,6 +1,6 @@
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trace_rl.agent.react import ChatFormat  # noqa: E402
@@ -23,3 +23,14 @@ def test_sft_reduces_the_loss_quickly():
     first = train_sft(model, tok, tasks, max_steps=1, batch_size=4, lr=5e-3, log_every=0)
     later = train_sft(model, tok, tasks, max_steps=40, batch_size=4, lr=5e-3, log_every=0)
     assert later["loss"] < first["loss"]
+
+
+def test_one_seed_gives_one_model():
+    # the schedule follows steps, not the wall clock, so a slower machine trains the same model
+    weights = []
+    for _ in range(2):
+        model, tok = create_tiny_model(hidden=32, layers=1, heads=2, seed=3)
+        train_sft(model, tok, make_tasks(16, seed=2), max_steps=6, max_seconds=30, batch_size=2, lr=5e-3,
+                  seed=4, warmup_steps=1, log_every=0)
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(weights[0], weights[1])

@@ -2,7 +2,9 @@
 
 Demonstrations are token sequences built exactly as the agent builds histories (prompt ids, then each
 assistant turn plus eos with loss mask 1, then the observation segment with mask 0), so SFT and RL see the
-same ids. Training stops at a step count or a wall-clock budget, whichever comes first, and logs progress.
+same ids. The learning rate follows the step count (linear warm-up, then linear decay to 5%), so a seed
+reproduces the model exactly; the wall-clock budget is a safety stop (a run it cuts short is not
+reproducible). Progress is logged.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def train_sft(model, tokenizer, tasks: list[dict], max_steps: int = 2000, max_se
             ids[r, : len(s)] = torch.tensor(s)
             attn[r, : len(s)] = 1
             labels[r, : len(s)] = torch.where(torch.tensor(m) == 1, torch.tensor(s), torch.tensor(-100))
-        frac = min(step / max_steps, (time.perf_counter() - start) / max_seconds)
+        frac = step / max_steps  # by steps only, so one seed gives one model on any machine
         for group in opt.param_groups:
             group["lr"] = lr * min((step + 1) / warmup_steps, max(0.05, 1.0 - frac))
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
