@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft = sub.add_parser("sft", help="warm-start a policy on the built-in task's demonstrations and cache it")
     sft.add_argument("--model", default="tiny", help="'tiny' (the word-tokenizer CPU default), 'smollm2-135m', or a path / hub id")
     sft.add_argument("--minutes", type=float, default=6.0, help="wall-clock cap for training")
-    sft.add_argument("--max-steps", type=int, default=1500, help="the default run stops here (about 4.5 minutes on 2 cores)")
+    sft.add_argument("--max-steps", type=int, default=1500, help="the default run stops here (about 4 minutes on 2 cores)")
     sft.add_argument("--batch-size", type=int, default=8)
     sft.add_argument("--lr", type=float, default=1e-3)
     sft.add_argument("--tasks", type=int, default=20_000, help="demonstrations to draw from")

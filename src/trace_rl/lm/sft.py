@@ -2,9 +2,12 @@
 
 Demonstrations are token sequences built exactly as the agent builds histories (prompt ids, then each
 assistant turn plus eos with loss mask 1, then the observation segment with mask 0), so SFT and RL see the
-same ids. The learning rate follows the step count (linear warm-up, then linear decay to 5%), so a seed
+same ids. The learning rate follows the step count (linear warm-up, then linear decay to 35%), so a seed
 reproduces the model exactly; the wall-clock budget is a safety stop (a run it cuts short is not
-reproducible). Progress is logged.
+reproducible). Progress is logged. Why 35%: the first default decayed by wall-clock time and ended near 35%
+on this machine; decaying to 5% instead gives a policy that is weaker on 2-digit and 5-step chains (51.8% vs
+58.8% on the RL mix) with more prompts in between, where uniform sampling already finds more contrast
+(GRPO effective ratio 0.32 instead of 0.28; README, "LM agents").
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ def demo_sequence(task: dict, fmt: ChatFormat) -> tuple[list[int], list[int]]:
 
 
 def train_sft(model, tokenizer, tasks: list[dict], max_steps: int = 2000, max_seconds: float = 240.0,
-              batch_size: int = 16, lr: float = 3e-3, seed: int = 0, log_every: int = 20, warmup_steps: int = 20) -> dict:
-    """AdamW, linear warm-up then linear decay, on masked next-token loss; returns steps, tokens, seconds, loss."""
+              batch_size: int = 16, lr: float = 3e-3, seed: int = 0, log_every: int = 20, warmup_steps: int = 20,
+              final_lr: float = 0.35) -> dict:
+    """AdamW on masked next-token loss, linear warm-up then linear decay to `final_lr` x lr at max_steps;
+    returns steps, tokens, seconds, loss."""
     import torch
 
     torch.manual_seed(seed)
@@ -56,9 +61,9 @@ def train_sft(model, tokenizer, tasks: list[dict], max_steps: int = 2000, max_se
             ids[r, : len(s)] = torch.tensor(s)
             attn[r, : len(s)] = 1
             labels[r, : len(s)] = torch.where(torch.tensor(m) == 1, torch.tensor(s), torch.tensor(-100))
-        frac = step / max_steps  # by steps only, so one seed gives one model on any machine
+        frac = (1.0 - final_lr) * step / max_steps  # by steps only, so one seed gives one model on any machine
         for group in opt.param_groups:
-            group["lr"] = lr * min((step + 1) / warmup_steps, max(0.05, 1.0 - frac))
+            group["lr"] = lr * min((step + 1) / warmup_steps, 1.0 - frac)
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad()
         loss.backward()
