@@ -37,7 +37,7 @@ def _simulate(args: argparse.Namespace) -> None:
             print(f"seed {seed}", file=sys.stderr)
         sim = SimulateArgs(
             methods=methods, steps=args.steps, seed=seed, out_dir=str(out / f"seed{seed}") if len(seeds) > 1 else str(out),
-            plan=BudgetPlan(args.prompts, args.rollouts_per_prompt, args.branch_factor, args.pool_factor, args.max_per_prompt),
+            plan=_plan(args),
             testbed=TestbedConfig(difficulty_mix=mix, seed=seed), prefix_share=args.prefix_share,
             save_trees_every=args.save_trees_every,
         )
@@ -158,7 +158,7 @@ def _rollout(args: argparse.Namespace) -> None:
         if name not in (MINILM, SMOLLM2) and not Path(name).exists() and name.count("/") != 1:
             raise ValueError(f"--predictor: {name!r} is not 'light', {MINILM}, {SMOLLM2}, an existing path "
                              "or a hub id (org/name)")
-    plan = BudgetPlan(args.prompts, args.rollouts_per_prompt, args.branch_factor, args.pool_factor, args.max_per_prompt)
+    plan = _plan(args)
     backend = HFBackend.load(args.model, device=args.device)
     tasks = make_tasks(plan.pool * args.steps, seed=args.seed + 20_000, **mix)
     pools = [tasks[i * plan.pool: (i + 1) * plan.pool] for i in range(args.steps)]
@@ -240,6 +240,18 @@ def _serve_retriever(args: argparse.Namespace) -> None:
         server.shutdown()
 
 
+def _add_budget(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", type=int, default=32, help="P: prompts a flat method samples per step")
+    p.add_argument("--rollouts-per-prompt", type=int, default=8, help="n: GRPO group size")
+    p.add_argument("--branch-factor", type=int, default=1, help="N: continuations per bare rollout (tree methods)")
+    p.add_argument("--pool-factor", type=int, default=4, help="candidate pool = pool_factor * P")
+    p.add_argument("--max-per-prompt", type=int, default=8, help="m_max of the root allocator")
+
+
+def _plan(args: argparse.Namespace) -> BudgetPlan:
+    return BudgetPlan(args.prompts, args.rollouts_per_prompt, args.branch_factor, args.pool_factor, args.max_per_prompt)
+
+
 def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass kept, in (0, 1]")
@@ -257,11 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0, help="one seed reproduces the run")
     sim.add_argument("--seeds", help="comma-separated seeds: run each and report the step-wise mean")
     sim.add_argument("--out", default="runs/simulate", help="run directory")
-    sim.add_argument("--prompts", type=int, default=32, help="P: prompts per step for flat methods")
-    sim.add_argument("--rollouts-per-prompt", type=int, default=8, help="n: GRPO group size")
-    sim.add_argument("--branch-factor", type=int, default=1, help="N: continuations per bare rollout (tree methods)")
-    sim.add_argument("--pool-factor", type=int, default=4, help="candidate pool = pool_factor * P")
-    sim.add_argument("--max-per-prompt", type=int, default=8, help="m_max of the root allocator")
+    _add_budget(sim)
     sim.add_argument("--prefix-share", type=float, default=0.5, help="share of prefix examples in a predictor batch")
     sim.add_argument("--mix", help="easy,medium,hard task shares, e.g. 0.45,0.1,0.45")
     sim.add_argument("--save-trees-every", type=int, default=0, help="write the step's trees every k steps")
@@ -286,11 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--methods", default="grpo,pcl,treepo,trace_root_only,trace",
                     help=f"comma-separated, from: {', '.join(m for m in METHODS if 'oracle' not in m)}")
     ro.add_argument("--steps", type=int, default=10, help="candidate pools to grow trees on (the predictor learns online)")
-    ro.add_argument("--prompts", type=int, default=32, help="P: prompts a flat method samples per step")
-    ro.add_argument("--rollouts-per-prompt", type=int, default=8, help="n: GRPO group size")
-    ro.add_argument("--branch-factor", type=int, default=1, help="N: continuations per bare rollout (tree methods)")
-    ro.add_argument("--pool-factor", type=int, default=4, help="candidate pool = pool_factor * P")
-    ro.add_argument("--max-per-prompt", type=int, default=8, help="m_max of the root allocator")
+    _add_budget(ro)
     ro.add_argument("--device", default="cpu", help="torch device of the policy, e.g. cuda")
     ro.add_argument("--seed", type=int, default=0, help="one seed reproduces the run (pools, samples, predictor)")
     ro.add_argument("--out", default="runs/rollout", help="run directory")
