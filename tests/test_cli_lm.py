@@ -62,6 +62,8 @@ def test_bad_task_mix_is_one_line_error(capsys):
     assert "--chain-steps" in capsys.readouterr().err
     assert main(["rollout", "--digits", "4", "--steps", "1"]) == 2
     assert "--digits" in capsys.readouterr().err
+    assert main(["rollout", "--prefix-share", "1", "--steps", "1"]) == 2
+    assert "--prefix-share" in capsys.readouterr().err
 
 
 def test_rollout_with_an_lm_critic_that_does_not_exist_is_one_line(sft_model, tmp_path, capsys):

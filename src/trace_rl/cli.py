@@ -150,6 +150,8 @@ def _rollout(args: argparse.Namespace) -> None:
         raise ValueError(f"--methods: {oracle} need the exact V that only the testbed has (trace-rl simulate)")
     params = _sampling(args)
     mix = _calc_mix(args)  # bad input fails before the model loads
+    if not 0.0 <= args.prefix_share < 1.0:
+        raise ValueError(f"--prefix-share must be in [0, 1), got {args.prefix_share}")
     if args.predictor != "light":
         from .lm.models import SMOLLM2
         from .predictors.lm_critic import MINILM
