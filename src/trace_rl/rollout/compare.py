@@ -46,7 +46,8 @@ def compare_methods(
         predictor = make_predictor(method)
         engine = make_engine(predictor)
         acc = {"er": [], "groups": 0, "rollouts": 0, "tokens": 0, "reward": [],
-               "generate": 0.0, "predictor": 0.0, "allocate": 0.0, "env": 0.0, "total": 0.0, "unspent": 0}
+               "generate": 0.0, "predictor": 0.0, "allocate": 0.0, "env": 0.0, "total": 0.0, "overhead": 0.0,
+               "unspent": 0}
         rng = np.random.default_rng(seed)
         for step, pool in enumerate(pools):
             res = engine.grow(pool, method, step)
@@ -59,6 +60,7 @@ def compare_methods(
             acc["unspent"] += res.unspent_prefix_budget
             for k in ("generate", "predictor", "allocate", "env", "total"):
                 acc[k] += res.time[k]
+            acc["overhead"] += res.overhead
             if out:
                 record = {"method": name, "step": step, "effective_ratio": acc["er"][-1], "rollouts": res.rollouts,
                           "tokens": res.generated_tokens, **{f"time_{k}": v for k, v in res.time.items()},
@@ -91,8 +93,7 @@ def compare_methods(
             "predictor_pct": 100 * acc["predictor"] / total,
             "allocate_pct": 100 * acc["allocate"] / total,
             "env_pct": 100 * acc["env"] / total,
-            # the engine's own share: allocation + bookkeeping (StepResult.overhead)
-            "overhead_pct": 100 * max(total - acc["generate"] - acc["predictor"] - acc["env"], 0) / total,
+            "overhead_pct": 100 * acc["overhead"] / total,  # the engine's own share: allocation + bookkeeping
             "wall_s": acc["total"],
         })
     base = next((r for r in rows if r["method"] == "grpo"), rows[0])
