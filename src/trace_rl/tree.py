@@ -119,6 +119,26 @@ class RolloutTree:
             out.extend((node, float(end.reward)) for node in chain[:-1])
         return out
 
+    def started_rewards(self, node_id: str) -> list[float]:
+        """Final rewards of the rollouts that started at `node_id`: the bare rollouts for the root, the
+        continuations for an anchor. How many started there was fixed before any of them ran, so their mean
+        is an unbiased estimate of the node's success probability; the leaf mean V^ is not, because stage 2
+        adds leaves below the prefixes whose observed outcome looked surprising."""
+        node = self.nodes[node_id]
+        out = []
+        for first in self.children(node_id):
+            if first.origin == node.origin:
+                continue  # the rollout that passed through this node started above it
+            end = first
+            while end.children:
+                same = [c for c in self.children(end.node_id) if c.origin == first.origin]
+                if not same:
+                    break
+                end = same[0]
+            if end.terminal and end.reward is not None:
+                out.append(float(end.reward))
+        return out
+
     def compute_targets(self) -> None:
         """Recursive targets: a leaf has V^ = r and n = 1; an inner node the leaf-weighted mean of its children."""
         for node in sorted(self.nodes.values(), key=lambda n: -n.depth):

@@ -1,6 +1,6 @@
 import pytest
 
-from trace_rl.tree import RolloutTree, load_trees, save_trees, turn_rows
+from trace_rl.tree import BRANCH, RolloutTree, load_trees, save_trees, turn_rows
 
 
 def test_ids_targets_and_leaf_counts(small_tree):
@@ -23,6 +23,22 @@ def test_targets_are_leaf_weighted_not_child_averaged():
     tree.add_turn("5", terminal=True, reward=0.0)
     tree.compute_targets()
     assert tree.root.target == pytest.approx(3 / 4)  # child mean would say 1/2
+
+
+def test_started_rewards_count_only_rollouts_started_at_the_node():
+    tree = RolloutTree(0)
+    a = tree.add_turn("0")  # bare rollout 1: 0.0 -> 0.0.0 (success)
+    tree.add_turn(a.node_id, terminal=True, reward=1.0)
+    b = tree.add_turn("0")  # bare rollout 2: 0.1 -> 0.1.0 -> 0.1.0.0 (failure)
+    c = tree.add_turn(b.node_id)
+    tree.add_turn(c.node_id, terminal=True, reward=0.0)
+    d = tree.add_turn(b.node_id, origin=BRANCH)  # a continuation from 0.1: two turns, success
+    tree.add_turn(d.node_id, terminal=True, reward=1.0, origin=BRANCH)
+    unfinished = tree.add_turn(b.node_id, origin=BRANCH)  # a continuation that never ended
+    assert unfinished.node_id == "0.1.2"
+    assert sorted(tree.started_rewards("0")) == [0.0, 1.0]
+    assert tree.started_rewards("0.1") == [1.0]
+    assert tree.started_rewards("0.1.0") == [] and tree.started_rewards("0.0") == []
 
 
 def test_mixed_and_anchors(small_tree):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from trace_rl.predictors import OnlineLogisticPredictor, RewardHistoryPredictor, training_examples
-from trace_rl.tree import RolloutTree
+from trace_rl.tree import BRANCH, RolloutTree
 
 
 def make_tree(idx, rewards, depth=2):
@@ -12,7 +12,7 @@ def make_tree(idx, rewards, depth=2):
         for _ in range(depth - 1):
             parent = tree.add_turn(parent).node_id
         tree.add_turn(parent, terminal=True, reward=r)
-    b = tree.add_turn(f"{idx}.0", terminal=True, reward=1 - rewards[0])  # a branch makes 0.0 informative
+    b = tree.add_turn(f"{idx}.0", terminal=True, reward=1 - rewards[0], origin=BRANCH)  # a continuation from 0.0
     assert b.node_id == f"{idx}.0.1"
     return tree
 
@@ -24,11 +24,26 @@ def test_training_examples_roots_plus_informative_prefixes():
     inner = [e for e in ex if e[1] != e[0].root_id]
     assert len(roots) == 10 and len(inner) == 10
     assert all(e[0][e[1]].leaves >= 2 for e in inner)
+    assert y[:10].tolist() == [0.5] * 10 and y[10:].tolist() == [0.0] * 10  # bare mean; the continuation's reward
     ex, _ = training_examples(trees, prefix_share=0.1, rng=np.random.default_rng(0))
     assert len(ex) == 10 + 1  # round(0.1 * 10 / 0.9) prefixes
     assert np.all((y >= 0) & (y <= 1))
     with pytest.raises(ValueError, match="prefix_share"):
         training_examples(trees, prefix_share=1.0, rng=np.random.default_rng(0))
+
+
+def test_training_targets_ignore_leaves_that_stage_2_added():
+    # Bare rollouts S, S, F; the failing rollout's first turn took three continuations, all failing.
+    tree = RolloutTree(0, prompt="p")
+    for r in (1.0, 1.0, 0.0):
+        tree.add_turn(tree.add_turn("0").node_id, terminal=True, reward=r)
+    for _ in range(3):
+        tree.add_turn("0.2", terminal=True, reward=0.0, origin=BRANCH)
+    tree.compute_targets()
+    assert tree.root.target == pytest.approx(2 / 6)  # V^, what the advantages use
+    ex, y = training_examples([tree], prefix_share=0.5, rng=np.random.default_rng(0))
+    assert [nid for _, nid in ex] == ["0", "0.2"]
+    assert y.tolist() == pytest.approx([2 / 3, 0.0])  # what the rollouts started there say
 
 
 def test_reward_history_cold_start_and_decay():

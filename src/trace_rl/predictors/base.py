@@ -4,9 +4,13 @@ A prefix is a (tree, node id) pair: the tree carries the prompt and the path of 
 text critic can serialise it and a feature model can read each node's `info`. Roots are scored as
 (tree, root id) before any rollout exists.
 
-Training examples come from finished trees: every root (target V^ = mean reward of all its leaves) plus
-informative internal nodes (two or more leaves below), sub-sampled so that prefixes make up about
-`prefix_share` of a batch (the paper trains with about 6% prefixes).
+Training examples come from finished trees: every root plus every anchor that continuations started from,
+sub-sampled so that prefixes make up about `prefix_share` of a batch (the paper trains with about 6%
+prefixes). The target is the mean reward of the rollouts that started at the node (the bare rollouts of a
+root, the continuations of an anchor), not the leaf mean V^ that the advantages use: stage 2 adds leaves
+below the prefixes whose outcome looked surprising, so V^ is pulled towards those outcomes (a root with
+two successes and one failure whose failing prefix took three continuations, all failing, has V^ = 2/6
+where its rollouts say 2/3), and a predictor fitted to V^ learns the allocator's choices back.
 """
 
 from __future__ import annotations
@@ -37,20 +41,20 @@ class Predictor(Protocol):
 def training_examples(
     trees: Sequence[RolloutTree], prefix_share: float, rng: np.random.Generator
 ) -> tuple[list[Prefix], np.ndarray]:
-    """Roots plus informative internal nodes, prefixes kept at about `prefix_share` of the examples."""
+    """Roots and branched anchors with unbiased targets (see the module docstring), prefixes kept at about
+    `prefix_share` of the examples."""
     if not 0.0 <= prefix_share < 1.0:
         raise ValueError(f"prefix_share must be in [0, 1), got {prefix_share}")
     roots, inner = [], []
     for tree in trees:
         if not tree.root.children:
             continue
-        if tree.root.leaves == 0:
-            tree.compute_targets()
-        roots.append((tree, tree.root_id))
-        inner.extend((tree, n.node_id) for n in tree.turns() if n.children and n.leaves >= 2)
+        if tree.started_rewards(tree.root_id):
+            roots.append((tree, tree.root_id))
+        inner.extend((tree, n.node_id) for n in tree.turns() if n.children and tree.started_rewards(n.node_id))
     want = int(round(prefix_share * len(roots) / (1.0 - prefix_share))) if prefix_share else 0
     if want < len(inner):
         inner = [inner[i] for i in sorted(rng.choice(len(inner), size=want, replace=False))]
     examples = roots + inner
-    targets = np.array([t[nid].target for t, nid in examples], dtype=np.float64)
+    targets = np.array([np.mean(t.started_rewards(nid)) for t, nid in examples], dtype=np.float64)
     return examples, targets

@@ -5,7 +5,9 @@ What it sees: word unigrams and bigrams of the prompt and of each turn's action 
 a sign into `buckets` dims, per segment so that "error" in an observation differs from "error" in a
 question), plus structure: depth, share of turns whose observation reports an error, the log length, how
 many numbers the prompt holds and how long the longest is (a normalised bag blurs counts, which carry
-difficulty), and whether an action used a number the agent had not read in the prompt or an observation (an
+difficulty), the pair of them as a one-hot "shape" (a linear model cannot otherwise learn a cliff such as
+"fine up to 2 digits, hopeless at 3", and prompts of one shape share their success rate: on the calculator
+task the shape one-hot took TRACE's effective ratio from 1.37x to 1.52x GRPO's over three seeds), and whether an action used a number the agent had not read in the prompt or an observation (an
 invented argument: on the calculator task a miscopy that dooms the episode; generic to tool arguments).
 """
 
@@ -24,6 +26,8 @@ from .logistic import OnlineLogisticPredictor
 WORD = re.compile(r"[A-Za-z]+|\d+|[^\sA-Za-z\d]")
 NUMBER = re.compile(r"\d+")
 ERROR_WORDS = ("error", "invalid", "unknown", "wrong", "limit")
+MAX_COUNT, MAX_DIGITS = 8, 5  # prompt shapes: (numbers in the prompt, digits of the longest), both capped
+SHAPES = (MAX_COUNT + 1) * (MAX_DIGITS + 1)
 
 
 def prompt_text(tree: RolloutTree) -> str:
@@ -52,7 +56,7 @@ def _shape(word: str) -> str:
 class HashedTextFeatures:
     def __init__(self, buckets: int = 2048):
         self.buckets = buckets
-        self.dim = buckets + 7
+        self.dim = buckets + SHAPES + 7
 
     def _add(self, x: np.ndarray, segment: str, text: str) -> None:
         words = [_shape(w) for w in WORD.findall(text)]
@@ -80,14 +84,22 @@ class HashedTextFeatures:
             if norm:
                 x[row, : self.buckets] /= norm
             length = len(prompt) + sum(len(n.action) + len(n.observation) for n in path)
-            x[row, self.buckets:] = (1.0, len(path) / 8.0, errors / max(len(path), 1), np.log1p(length) / 8.0,
-                                     len(numbers) / 8.0, max(map(len, numbers), default=0) / 4.0, min(unseen, 2) / 2.0)
+            longest = max(map(len, numbers), default=0)
+            x[row, self.buckets + min(len(numbers), MAX_COUNT) * (MAX_DIGITS + 1) + min(longest, MAX_DIGITS)] = 1.0
+            x[row, self.buckets + SHAPES:] = (1.0, len(path) / 8.0, errors / max(len(path), 1), np.log1p(length) / 8.0,
+                                              len(numbers) / 8.0, longest / 4.0, min(unseen, 2) / 2.0)
         return x
 
 
-def light_text_predictor(buckets: int = 2048, lr: float = 0.3, epochs: int = 20, seed: int = 0) -> OnlineLogisticPredictor:
-    """Near-full fits of the replay window each step (20 epochs at lr 0.3, milliseconds): with a few dozen
-    prompts a step, the class defaults (4 epochs at lr 0.05) left V~ between 0.4 and 0.7 for every
-    prompt after 6 steps, and the root allocator could not tell hopeless prompts from near-certain ones."""
+def light_text_predictor(buckets: int = 2048, lr: float = 0.3, epochs: int = 20, replay_steps: int = 32,
+                         seed: int = 0) -> OnlineLogisticPredictor:
+    """Near-full fits of a long replay window each step (20 epochs at lr 0.3, milliseconds).
+
+    With a few dozen prompts a step, the class defaults (4 epochs at lr 0.05) left V~ between 0.4 and 0.7 for
+    every prompt after 6 steps, and the root allocator could not tell hopeless prompts from near-certain ones.
+    The window is long because the predictor only sees the prompts the allocator chose: with 8 steps, the
+    first step's broad sample left the window at step 10 and V~ of the skipped near-certain prompts drifted
+    down until the allocator spent on them (three seeds, effective ratio at step 10 0.29 vs 0.38 with 32).
+    """
     feats = HashedTextFeatures(buckets)
-    return OnlineLogisticPredictor(feats, feats.dim, lr=lr, epochs=epochs, seed=seed)
+    return OnlineLogisticPredictor(feats, feats.dim, lr=lr, epochs=epochs, replay_steps=replay_steps, seed=seed)
