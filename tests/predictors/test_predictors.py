@@ -23,7 +23,7 @@ def test_training_examples_roots_plus_informative_prefixes():
     roots = [e for e in ex if e[1] == e[0].root_id]
     inner = [e for e in ex if e[1] != e[0].root_id]
     assert len(roots) == 10 and len(inner) == 10
-    assert all(e[0][e[1]].leaves >= 2 for e in inner)
+    assert [nid for _, nid in inner] == [f"{i}.0" for i in range(10)]  # the anchors continuations started at
     assert y[:10].tolist() == [0.5] * 10 and y[10:].tolist() == [0.0] * 10  # bare mean; the continuation's reward
     ex, _ = training_examples(trees, prefix_share=0.1, rng=np.random.default_rng(0))
     assert len(ex) == 10 + 1  # round(0.1 * 10 / 0.9) prefixes
