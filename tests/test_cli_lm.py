@@ -1,10 +1,12 @@
+import json
+
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trace_rl.cli import main  # noqa: E402
-from trace_rl.tree import load_trees  # noqa: E402
+from trace_rl.tree import load_trees, save_trees  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -14,6 +16,28 @@ def sft_model(tmp_path_factory):
                  "--eval-tasks", "4", "--out", str(out), "--max-new-tokens", "8"])
     assert code == 0 and (out / "config.json").exists() and (out / "sft_report.json").exists()
     return out
+
+
+def test_sft_report_episodes_warm_start_the_predictor(sft_model, tmp_path, capsys):
+    trees = load_trees(sft_model / "sft_eval_trees.jsonl")
+    assert len(trees) == 4 and all(len(t.rewards()) == 1 and t.root.token_ids for t in trees)
+    common = ["rollout", "--model", str(sft_model), "--methods", "trace", "--steps", "1", "--prompts", "2",
+              "--rollouts-per-prompt", "4", "--max-new-tokens", "8"]
+    for t in trees:  # whatever the 3-step model did, label every report episode a failure
+        next(n for n in t.turns() if n.terminal).reward = 0.0
+    save_trees(tmp_path / "warm.jsonl", trees)
+    assert main(common + ["--out", str(tmp_path / "cold")]) == 0
+    assert main(common + ["--out", str(tmp_path / "warm"), "--predictor-warmup", str(tmp_path / "warm.jsonl")]) == 0
+    assert "predictor warm-up: 4 trees, 4 rollouts" in capsys.readouterr().out
+
+    def step0_roots(run):
+        recs = [json.loads(line) for line in (tmp_path / run / "predictions.jsonl").read_text().splitlines()]
+        return [r["predicted"] for r in recs if r["step"] == 0 and r["depth"] == 0]
+
+    assert set(step0_roots("cold")) == {0.5} and max(step0_roots("warm")) < 0.5
+    assert main(common + ["--predictor-warmup", str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "--predictor-warmup" in err and len(err.strip().splitlines()) == 1
 
 
 def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):

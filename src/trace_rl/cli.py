@@ -106,6 +106,7 @@ def _sft(args: argparse.Namespace) -> None:
     from .lm.hf_backend import HFBackend
     from .lm.models import DEFAULT_MODEL, cache_dir, create_tiny_model, load_model
     from .lm.sft import train_sft
+    from .tree import save_trees
 
     params = _sampling(args)
     mix = _calc_mix(args)
@@ -123,23 +124,28 @@ def _sft(args: argparse.Namespace) -> None:
     tok.save_pretrained(out)
     print(f"trained {stats['steps']} steps, {stats['tokens']:,} tokens in {stats['seconds']:.0f}s "
           f"({stats['tokens'] / stats['seconds']:,.0f} tok/s), final loss {stats['loss']:.3f}")
-    report = success_by_difficulty(HFBackend(model, tok), make_tasks(args.eval_tasks, seed=10_000 + args.seed, **mix),
-                                  params)
+    report, trees = success_by_difficulty(HFBackend(model, tok),
+                                          make_tasks(args.eval_tasks, seed=10_000 + args.seed, **mix), params)
     print(f"success on {args.eval_tasks} held-out tasks at temperature {params.temperature}:")
     for key, val in report.items():
         print(f"  {key:<20} {val:.3f}")
     (out / "sft_report.json").write_text(json.dumps({"train": stats, "eval": report}, indent=2))
+    save_trees(out / "sft_eval_trees.jsonl", trees)
+    print(f"wrote {out}/sft_report.json and the report's episodes as trees, sft_eval_trees.jsonl "
+          "(trace-rl rollout --predictor-warmup)")
 
 
 def _rollout(args: argparse.Namespace) -> None:
     from .envs.calculator import CalculatorEnv, make_tasks
     from .lm.hf_backend import HFBackend
     from .plots import plot_metric
+    from .predictors import training_examples
     from .predictors.history import RewardHistoryPredictor
     from .predictors.text import light_text_predictor
     from .rollout.compare import compare_methods
     from .rollout.engine import TreeRolloutEngine
     from .testbed.simulate import format_table
+    from .tree import load_trees
 
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in METHODS]
@@ -160,6 +166,15 @@ def _rollout(args: argparse.Namespace) -> None:
         if name not in (MINILM, SMOLLM2) and not Path(name).exists() and name.count("/") != 1:
             raise ValueError(f"--predictor: {name!r} is not 'light', {MINILM}, {SMOLLM2}, an existing path "
                              "or a hub id (org/name)")
+    if args.predictor_warmup and not Path(args.predictor_warmup).is_file():
+        raise ValueError(f"--predictor-warmup: no file {args.predictor_warmup} (trace-rl sft writes sft_eval_trees.jsonl "
+                         "beside the model; --save-trees writes trees_<method>.jsonl)")
+    warmup = load_trees(args.predictor_warmup) if args.predictor_warmup else []
+    if args.predictor_warmup and not warmup:
+        raise ValueError(f"--predictor-warmup: {args.predictor_warmup} holds no trees")
+    if warmup:
+        print(f"predictor warm-up: {len(warmup)} trees, {sum(len(t.rewards()) for t in warmup)} rollouts from "
+              f"{args.predictor_warmup} (spent before this run, not counted in its budget)")
     plan = _plan(args)
     backend = HFBackend.load(args.model, device=args.device)
     tasks = make_tasks(plan.pool * args.steps, seed=args.seed + 20_000, **mix)
@@ -167,12 +182,16 @@ def _rollout(args: argparse.Namespace) -> None:
 
     def make_predictor(method):
         if method.predictor == "history":
-            return RewardHistoryPredictor()
-        if args.predictor == "light":
-            return light_text_predictor(seed=args.seed)
-        from .predictors.lm_critic import LMCritic
+            pred = RewardHistoryPredictor()
+        elif args.predictor == "light":
+            pred = light_text_predictor(seed=args.seed)
+        else:
+            from .predictors.lm_critic import LMCritic
 
-        return LMCritic(args.predictor, lr=3e-3, epochs=4, seed=args.seed)
+            pred = LMCritic(args.predictor, lr=3e-3, epochs=4, seed=args.seed)
+        if warmup:  # every method's predictor sees the same trees before step 1
+            pred.update(*training_examples(warmup, args.prefix_share, np.random.default_rng(args.seed)))
+        return pred
 
     rows = compare_methods(
         lambda pred: TreeRolloutEngine(backend, CalculatorEnv, pred, plan, params, seed=args.seed),
@@ -304,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="'light' (hashed n-grams + logistic, the CPU default) or an LM critic backbone, trained head on "
                          "a frozen backbone: all-minilm-l6-v2, smollm2-135m, a local path or hub id")
     ro.add_argument("--prefix-share", type=float, default=0.5, help="share of prefix examples in a predictor batch")
+    ro.add_argument("--predictor-warmup", metavar="TREES",
+                    help="fit every predictor on these trees before step 1, e.g. sft_eval_trees.jsonl that trace-rl "
+                         "sft writes beside the model, or an earlier run's --save-trees (default: start cold)")
     ro.add_argument("--save-trees", action="store_true",
                     help="write every method's trees (token ids, masks, log-probs, rewards) to trees_<method>.jsonl")
     _add_calc_mix(ro, "the candidate pools")

@@ -29,6 +29,7 @@ from ..envs.base import AgentEnv
 from ..lm.backend import Generation, PolicyBackend, SamplingParams
 from ..predictors.base import Predictor
 from ..tree import BARE, BRANCH, RolloutTree
+from .episodes import record_turn
 
 
 @dataclass
@@ -183,12 +184,7 @@ class TreeRolloutEngine:
                 generated += len(gen.token_ids)
                 if not ep.done and len(ep.turns) >= ep.env.max_turns:
                     ep.done = True
-                node = tree.add_turn(
-                    parents[j], thought=turn.thought, action=turn.action, observation=turn.observation,
-                    token_ids=turn.token_ids, loss_mask=turn.loss_mask, logprobs=turn.logprobs,
-                    terminal=ep.done, reward=ep.reward if ep.done else None, origin=origin,
-                    info={"stop_reason": gen.stop_reason},
-                )
+                node = record_turn(tree, parents[j], turn, ep, origin, gen.stop_reason)
                 parents[j] = node.node_id
                 if snapshots is not None and not ep.done:
                     snapshots[node.node_id] = ep.fork()

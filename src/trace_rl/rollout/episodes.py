@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..agent.react import ChatFormat, Episode, Turn, apply_generation
-from ..lm.backend import PolicyBackend, SamplingParams
+from ..lm.backend import Generation, PolicyBackend, SamplingParams
+from ..tree import RolloutTree, TurnNode
 
 
 def run_lockstep(
@@ -15,7 +16,7 @@ def run_lockstep(
     params: SamplingParams,
     fmt: ChatFormat,
     seed: int = 0,
-    on_turn: Callable[[int, Turn, Episode], None] | None = None,
+    on_turn: Callable[[int, Turn, Episode, Generation], None] | None = None,
 ) -> int:
     """Advance every episode until it is done; returns the number of generated tokens."""
     generated, round_ = 0, 0
@@ -31,4 +32,14 @@ def run_lockstep(
             if not episodes[i].done and len(episodes[i].turns) >= episodes[i].env.max_turns:
                 episodes[i].done = True  # the env enforces its limit; this guards envs that do not
             if on_turn:
-                on_turn(i, turn, episodes[i])
+                on_turn(i, turn, episodes[i], gen)
+
+
+def record_turn(tree: RolloutTree, parent_id: str, turn: Turn, episode: Episode, origin: str,
+                stop_reason: str) -> TurnNode:
+    """Append a sampled turn under `parent_id`: text, token ids, mask, log-probs, and the reward if it ended."""
+    return tree.add_turn(
+        parent_id, thought=turn.thought, action=turn.action, observation=turn.observation,
+        token_ids=turn.token_ids, loss_mask=turn.loss_mask, logprobs=turn.logprobs, terminal=episode.done,
+        reward=episode.reward if episode.done else None, origin=origin, info={"stop_reason": stop_reason},
+    )
