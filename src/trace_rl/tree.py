@@ -107,12 +107,7 @@ class RolloutTree:
         """Stage-2 candidates: non-terminal turn nodes of bare rollouts, each with its rollout's reward r_ij."""
         out = []
         for first in self.children(self.root_id):
-            chain = [first]
-            while chain[-1].children:
-                bare = [c for c in self.children(chain[-1].node_id) if c.origin == BARE]
-                if not bare:
-                    break
-                chain.append(bare[0])
+            chain = self._rollout_chain(first)
             end = chain[-1]
             if not end.terminal or end.reward is None:
                 continue  # an unfinished rollout has no observed outcome to flip
@@ -129,15 +124,21 @@ class RolloutTree:
         for first in self.children(node_id):
             if first.origin == node.origin:
                 continue  # the rollout that passed through this node started above it
-            end = first
-            while end.children:
-                same = [c for c in self.children(end.node_id) if c.origin == first.origin]
-                if not same:
-                    break
-                end = same[0]
+            end = self._rollout_chain(first)[-1]
             if end.terminal and end.reward is not None:
                 out.append(float(end.reward))
         return out
+
+    def _rollout_chain(self, first: TurnNode) -> list[TurnNode]:
+        """The turns of the rollout whose first turn is `first`: each next turn is the child of the same
+        origin (a bare rollout's turns are bare, a continuation's are branch; later branches hang off them)."""
+        chain = [first]
+        while chain[-1].children:
+            same = [c for c in self.children(chain[-1].node_id) if c.origin == first.origin]
+            if not same:
+                break
+            chain.append(same[0])
+        return chain
 
     def compute_targets(self) -> None:
         """Recursive targets: a leaf has V^ = r and n = 1; an inner node the leaf-weighted mean of its children."""

@@ -45,16 +45,14 @@ def training_examples(
     `prefix_share` of the examples."""
     if not 0.0 <= prefix_share < 1.0:
         raise ValueError(f"prefix_share must be in [0, 1), got {prefix_share}")
-    roots, inner = [], []
+    roots, inner = [], []  # (prefix, target)
     for tree in trees:
-        if not tree.root.children:
-            continue
-        if tree.started_rewards(tree.root_id):
-            roots.append((tree, tree.root_id))
-        inner.extend((tree, n.node_id) for n in tree.turns() if n.children and tree.started_rewards(n.node_id))
+        for node in tree.nodes.values():
+            started = tree.started_rewards(node.node_id) if node.children else []
+            if started:
+                (roots if node.node_id == tree.root_id else inner).append(((tree, node.node_id), np.mean(started)))
     want = int(round(prefix_share * len(roots) / (1.0 - prefix_share))) if prefix_share else 0
     if want < len(inner):
         inner = [inner[i] for i in sorted(rng.choice(len(inner), size=want, replace=False))]
     examples = roots + inner
-    targets = np.array([np.mean(t.started_rewards(nid)) for t, nid in examples], dtype=np.float64)
-    return examples, targets
+    return [e for e, _ in examples], np.array([y for _, y in examples], dtype=np.float64)

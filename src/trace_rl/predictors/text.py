@@ -7,8 +7,9 @@ question), plus structure: depth, share of turns whose observation reports an er
 many numbers the prompt holds and how long the longest is (a normalised bag blurs counts, which carry
 difficulty), the pair of them as a one-hot "shape" (a linear model cannot otherwise learn a cliff such as
 "fine up to 2 digits, hopeless at 3", and prompts of one shape share their success rate: on the calculator
-task the shape one-hot took TRACE's effective ratio from 1.37x to 1.52x GRPO's over three seeds), and whether an action used a number the agent had not read in the prompt or an observation (an
-invented argument: on the calculator task a miscopy that dooms the episode; generic to tool arguments).
+task the shape one-hot took TRACE's effective ratio from 1.37x to 1.52x GRPO's over three seeds), and
+whether an action used a number the agent had not read in the prompt or an observation (an invented
+argument: on the calculator task a miscopy that dooms the episode; generic to tool arguments).
 """
 
 from __future__ import annotations
