@@ -46,6 +46,8 @@ def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "groups_per_1k_rollouts" in out and "trace" in out and (tmp_path / "rollout_summary.json").exists()
+    rows = {r["method"]: r for r in json.loads((tmp_path / "rollout_summary.json").read_text())}
+    assert rows["grpo"]["flip_rate"] != rows["grpo"]["flip_rate"] and 0 <= rows["trace"]["flip_rate"] <= 1  # nan: flat
     assert (tmp_path / "effective_ratio.png").exists()
     trees = load_trees(tmp_path / "trees_trace.jsonl")
     assert trees and all(t.root.token_ids for t in trees)

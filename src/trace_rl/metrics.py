@@ -1,4 +1,4 @@
-"""Step metrics over the trees of one step: effective ratio, contrast groups, budget spent."""
+"""Step metrics over the trees of one step: effective ratio, contrast groups, flips, budget spent."""
 
 from __future__ import annotations
 
@@ -52,6 +52,21 @@ def contrast_groups(trees: list[RolloutTree]) -> int:
             if len(kids) >= 2 and len({round(k.target, 12) for k in kids if k.target is not None}) >= 2:
                 count += 1
     return count
+
+
+def continuation_flips(trees: list[RolloutTree]) -> tuple[int, int]:
+    """(continuations that ended unlike the bare rollout they branched from, all continuations).
+
+    Stage 2 maximises the expected number of anchors with a flipped continuation, so flips per continuation
+    is its yield: how well q ranked the prefixes, against random branch points at the same budget.
+    """
+    flips = total = 0
+    for tree in trees:
+        for node, r in tree.anchors():
+            for x in tree.started_rewards(node.node_id):
+                total += 1
+                flips += (x > 0.5) != (r > 0.5)
+    return flips, total
 
 
 def mean_reward(trees: list[RolloutTree]) -> float:

@@ -1,5 +1,5 @@
-from trace_rl.metrics import contrast_groups, effective_ratio, mean_reward, tree_budget
-from trace_rl.tree import RolloutTree
+from trace_rl.metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
+from trace_rl.tree import BRANCH, RolloutTree
 
 
 def test_metrics_on_small_tree(small_tree):
@@ -16,3 +16,11 @@ def test_metrics_on_small_tree(small_tree):
     assert contrast_groups([small_tree, pure]) == 2  # root (1 vs 0.5) and node 0.1 (0 vs 1)
     assert mean_reward([small_tree]) == 2 / 3
     assert effective_ratio([]) == 0.0
+
+
+def test_continuation_flips_count_outcomes_unlike_the_anchor_rollout(small_tree):
+    assert continuation_flips([small_tree]) == (1, 1)  # 0.1.1 succeeded where its rollout failed
+    small_tree.add_turn("0.0", terminal=True, reward=1.0, origin=BRANCH)  # same outcome as rollout 0.0
+    small_tree.add_turn("0.0", terminal=True, reward=0.0, origin=BRANCH)  # flipped
+    assert continuation_flips([small_tree]) == (2, 3)
+    assert continuation_flips([RolloutTree(5)]) == (0, 0)

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..baselines import BudgetPlan, get_method
-from ..metrics import contrast_groups, effective_ratio, mean_reward
+from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward
 from ..predictors import training_examples
 from ..predictors.diagnostics import node_records, step_diagnostics
 from ..tree import save_trees as save_trees_to
@@ -47,13 +47,16 @@ def compare_methods(
         engine = make_engine(predictor)
         acc = {"er": [], "groups": 0, "rollouts": 0, "tokens": 0, "reward": [],
                "generate": 0.0, "predictor": 0.0, "allocate": 0.0, "env": 0.0, "total": 0.0, "overhead": 0.0,
-               "unspent": 0}
+               "unspent": 0, "flips": 0, "continuations": 0}
         rng = np.random.default_rng(seed)
         for step, pool in enumerate(pools):
             res = engine.grow(pool, method, step)
             active = [t for t in res.trees if t.root.children]
             acc["er"].append(effective_ratio(res.trees))
             acc["groups"] += contrast_groups(active)
+            flips, continuations = continuation_flips(active)
+            acc["flips"] += flips
+            acc["continuations"] += continuations
             acc["rollouts"] += res.rollouts
             acc["tokens"] += res.generated_tokens
             acc["reward"].append(mean_reward(active))
@@ -85,6 +88,8 @@ def compare_methods(
             "effective_ratio": float(np.mean(acc["er"])),
             "er_second_half": float(np.mean(acc["er"][len(acc["er"]) // 2:])),  # once the predictor has data
             "groups_per_1k_rollouts": 1000.0 * acc["groups"] / max(acc["rollouts"], 1),
+            # stage 2's yield: continuations that flipped their bare rollout's outcome (nan: no branching)
+            "flip_rate": acc["flips"] / acc["continuations"] if acc["continuations"] else float("nan"),
             "success_rate": float(np.mean(acc["reward"])),
             "rollouts": acc["rollouts"],
             "unspent_prefix": acc["unspent"],

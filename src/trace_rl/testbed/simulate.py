@@ -20,7 +20,7 @@ import numpy as np
 from ..advantages import compute_advantages
 from ..allocation import prefix_flip_prob
 from ..baselines import BudgetPlan, Method, allocate_method_prefixes, allocate_method_roots, get_method
-from ..metrics import effective_ratio, mean_reward, tree_budget
+from ..metrics import continuation_flips, effective_ratio, mean_reward, tree_budget
 from ..predictors import RewardHistoryPredictor, training_examples
 from ..predictors.diagnostics import node_records, step_diagnostics
 from ..tree import BARE, BRANCH, RolloutTree, save_trees, turn_rows
@@ -162,7 +162,8 @@ class MethodRun:
             "method": method.name, "step": step,
             "effective_ratio": effective_ratio(trees), "active_prompts": len(active),
             "train_reward": mean_reward(active), "rollouts": budget.rollouts,
-            "continuations": budget.continuations, "turns": budget.turns, "prefix_turns": budget.prefix_turns,
+            "continuations": budget.continuations, "flips": continuation_flips(active)[0],
+            "turns": budget.turns, "prefix_turns": budget.prefix_turns,
             "predictor_loss": pred_loss, **{f"time_{k}": v for k, v in clock.items()},
             **step_diagnostics(active),
         }
@@ -245,6 +246,8 @@ def summarize(results: dict[str, list[dict]], baseline: str = "grpo") -> list[di
             "rollouts": sum(r["rollouts"] for r in recs),
             "turns": turns,
             "prefix_share": sum(r["continuations"] for r in recs) / max(sum(r["rollouts"] for r in recs), 1),
+            "flip_rate": (sum(r["flips"] for r in recs) / sum(r["continuations"] for r in recs)
+                          if sum(r["continuations"] for r in recs) else float("nan")),
             "wall_s": recs[-1]["wall_s"],
         })
     return rows
