@@ -197,11 +197,14 @@ def _rollout(args: argparse.Namespace) -> None:
             pred.update(*training_examples(warmup, args.prefix_share, np.random.default_rng(args.seed)))
         return pred
 
-    rows = compare_methods(
-        lambda pred: TreeRolloutEngine(backend, CalculatorEnv, pred, plan, params, seed=args.seed),
-        make_predictor, pools, methods, plan, prefix_share=args.prefix_share, seed=args.seed, out_dir=args.out,
-        save_trees=args.save_trees,
-    )
+    try:
+        rows = compare_methods(
+            lambda pred: TreeRolloutEngine(backend, CalculatorEnv, pred, plan, params, seed=args.seed),
+            make_predictor, pools, methods, plan, prefix_share=args.prefix_share, seed=args.seed, out_dir=args.out,
+            save_trees=args.save_trees,
+        )
+    finally:
+        gc.unfreeze()  # a caller that runs main() again (the tests) gets its garbage collected as before
     table = format_table(rows)
     print(table)
     out = Path(args.out)
