@@ -238,6 +238,7 @@ def summarize(results: dict[str, list[dict]], baseline: str = "grpo") -> list[di
     for name, recs in results.items():
         er = float(np.mean([r["effective_ratio"] for r in recs]))
         turns = sum(r["turns"] for r in recs)
+        continuations = sum(r["continuations"] for r in recs)
         rows.append({
             "method": name,
             "final_accuracy": recs[-1]["accuracy"],
@@ -245,9 +246,8 @@ def summarize(results: dict[str, list[dict]], baseline: str = "grpo") -> list[di
             "er_vs_" + baseline: (er / base_er) if base_er else float("nan"),
             "rollouts": sum(r["rollouts"] for r in recs),
             "turns": turns,
-            "prefix_share": sum(r["continuations"] for r in recs) / max(sum(r["rollouts"] for r in recs), 1),
-            "flip_rate": (sum(r["flips"] for r in recs) / sum(r["continuations"] for r in recs)
-                          if sum(r["continuations"] for r in recs) else float("nan")),
+            "prefix_share": continuations / max(sum(r["rollouts"] for r in recs), 1),
+            "flip_rate": sum(r["flips"] for r in recs) / continuations if continuations else float("nan"),
             "wall_s": recs[-1]["wall_s"],
         })
     return rows
