@@ -13,10 +13,10 @@ import argparse
 
 import torch
 
-from trace_rl.baselines import BudgetPlan, get_method
+from trace_rl.methods import BudgetPlan, get_method
 from trace_rl.envs.calculator import CalculatorEnv, make_tasks
-from trace_rl.lm.backend import SamplingParams
-from trace_rl.lm.hf_backend import HFBackend
+from trace_rl.backends.base import SamplingParams
+from trace_rl.backends.hf import HFBackend
 from trace_rl.lm.models import create_tiny_model, load_model
 from trace_rl.predictors.lm_critic import LMCritic
 from trace_rl.predictors.text import light_text_predictor

@@ -133,3 +133,9 @@ def compute_advantages(name: str, tree: RolloutTree, **kwargs) -> dict[str, floa
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; choose from {sorted(ADVANTAGES)}")
     return ADVANTAGES[name](tree, **kwargs)
+
+
+def batch_advantages(name: str, trees: list[RolloutTree], **kwargs) -> list[dict[str, float]]:
+    """Advantages of every tree of one step, in order: what a policy update consumes. Estimators that
+    normalise across the whole batch do it here; the others are per tree."""
+    return [compute_advantages(name, tree, **kwargs) for tree in trees]

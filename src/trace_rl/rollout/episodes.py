@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..agent.react import ChatFormat, Episode, Turn, apply_generation
-from ..lm.backend import Generation, PolicyBackend, SamplingParams
+from ..backends.base import Generation, PolicyBackend, SamplingParams
 from ..tree import RolloutTree, TurnNode
 
 

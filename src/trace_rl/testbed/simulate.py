@@ -19,7 +19,7 @@ import numpy as np
 
 from ..advantages import compute_advantages
 from ..allocation import prefix_flip_prob
-from ..baselines import BudgetPlan, Method, allocate_method_prefixes, allocate_method_roots, get_method
+from ..methods import BudgetPlan, Method, allocate_method_prefixes, allocate_method_roots, get_method
 from ..metrics import continuation_flips, effective_ratio, mean_reward, tree_budget
 from ..predictors import RewardHistoryPredictor, training_examples
 from ..predictors.diagnostics import node_records, step_diagnostics
@@ -34,7 +34,7 @@ ABLATION_METHODS = ("trace_uniform", "trace_root_only", "trace_prefix_only", "tr
 
 @dataclass
 class SimulateArgs:
-    methods: tuple[str, ...] = DEFAULT_METHODS  # methods to compare, by name (baselines.METHODS)
+    methods: tuple[str, ...] = DEFAULT_METHODS  # methods to compare, by name (methods.METHODS)
     steps: int = 40  # training steps per method
     seed: int = 0  # one seed reproduces the whole run
     plan: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them

@@ -3,8 +3,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trace_rl.lm.backend import SamplingParams  # noqa: E402
-from trace_rl.lm.hf_backend import HFBackend  # noqa: E402
+from trace_rl.backends.base import SamplingParams  # noqa: E402
+from trace_rl.backends.hf import HFBackend  # noqa: E402
 from trace_rl.lm.models import create_tiny_model, load_model  # noqa: E402
 
 

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .backend import Generation, SamplingParams
+from .base import Generation, SamplingParams
 
 
 class HFBackend:
@@ -48,7 +48,7 @@ class HFBackend:
 
     @classmethod
     def load(cls, name: str, device: str = "cpu", dtype: str = "float32", **kwargs) -> "HFBackend":
-        from .models import load_model
+        from ..lm.models import load_model
 
         model, tok = load_model(name, device=device, dtype=dtype)
         return cls(model, tok, **kwargs)

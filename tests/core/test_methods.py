@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from trace_rl.baselines import (
+from trace_rl.methods import (
     METHODS,
     BudgetPlan,
     allocate_method_prefixes,

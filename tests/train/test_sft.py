@@ -6,7 +6,7 @@ pytest.importorskip("transformers")
 from trace_rl.agent.react import ChatFormat  # noqa: E402
 from trace_rl.envs.calculator import make_tasks  # noqa: E402
 from trace_rl.lm.models import create_tiny_model  # noqa: E402
-from trace_rl.lm.sft import demo_sequence, train_sft  # noqa: E402
+from trace_rl.train.sft import demo_sequence, train_sft  # noqa: E402
 
 
 def test_demo_sequences_mask_only_assistant_turns():

@@ -1,0 +1,36 @@
+"""One way to derive random streams from the run's seed: `numpy.random.SeedSequence` spawn keys.
+
+Every random stream of a run (data order, a prompt's rollouts, a step's allocation ties, an episode's
+sampling) is named by a path of small integers or strings under the run's seed, so the streams are
+independent of each other and of the order in which asyncio or a thread pool happens to run the work:
+one seed reproduces a run on any machine whatever its speed.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+
+def _key(part: int | str) -> int:
+    if isinstance(part, str):
+        return zlib.crc32(part.encode())  # stable across processes, unlike hash()
+    if part < 0:
+        raise ValueError(f"seed path parts must be >= 0, got {part}")
+    return int(part)
+
+
+def seed_sequence(seed: int, *path: int | str) -> np.random.SeedSequence:
+    """The SeedSequence of the stream named `path` under `seed`."""
+    return np.random.SeedSequence(int(seed), spawn_key=tuple(_key(p) for p in path))
+
+
+def derive_seed(seed: int, *path: int | str) -> int:
+    """A 63-bit integer seed for the stream named `path` under `seed` (for torch generators and backends)."""
+    return int(seed_sequence(seed, *path).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def derive_rng(seed: int, *path: int | str) -> np.random.Generator:
+    """A numpy Generator for the stream named `path` under `seed`."""
+    return np.random.default_rng(seed_sequence(seed, *path))

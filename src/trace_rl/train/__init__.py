@@ -1,0 +1,1 @@
+"""Training: supervised warm start (sft.py); the policy update from trees comes next."""
