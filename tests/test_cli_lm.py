@@ -12,22 +12,23 @@ from trace_rl.tree import load_trees, save_trees  # noqa: E402
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("model") / "tiny"
-    code = main(["sft", "--model", "tiny", "--minutes", "0.05", "--max-steps", "3", "--batch-size", "2",
-                 "--eval-tasks", "4", "--out", str(out), "--max-new-tokens", "8"])
+    code = main(["sft", "policy.model=tiny", "steps=3", "sft.batch_size=2", "sft.eval_tasks=4", f"out={out}",
+                 "policy.max_new_tokens=8"])
     assert code == 0 and (out / "config.json").exists() and (out / "sft_report.json").exists()
+    assert (out / "config.yaml").exists()
     return out
 
 
 def test_sft_report_episodes_warm_start_the_predictor(sft_model, tmp_path, capsys):
     trees = load_trees(sft_model / "sft_eval_trees.jsonl")
     assert len(trees) == 4 and all(len(t.rewards()) == 1 and t.root.token_ids for t in trees)
-    common = ["rollout", "--model", str(sft_model), "--methods", "trace", "--steps", "1", "--prompts", "2",
-              "--rollouts-per-prompt", "4", "--max-new-tokens", "8"]
+    common = ["rollout", f"policy.model={sft_model}", "methods=trace", "steps=1", "budget.prompts=2",
+              "budget.rollouts_per_prompt=4", "policy.max_new_tokens=8", "progress=false"]
     for t in trees:  # whatever the 3-step model did, label every report episode a failure
         next(n for n in t.turns() if n.terminal).reward = 0.0
     save_trees(tmp_path / "warm.jsonl", trees)
-    assert main(common + ["--out", str(tmp_path / "cold")]) == 0
-    assert main(common + ["--out", str(tmp_path / "warm"), "--predictor-warmup", str(tmp_path / "warm.jsonl")]) == 0
+    assert main(common + [f"out={tmp_path / 'cold'}"]) == 0
+    assert main(common + [f"out={tmp_path / 'warm'}", f"predictor.warmup={tmp_path / 'warm.jsonl'}"]) == 0
     assert "predictor warm-up: 4 trees, 4 rollouts" in capsys.readouterr().out
 
     def step0_roots(run):
@@ -35,9 +36,9 @@ def test_sft_report_episodes_warm_start_the_predictor(sft_model, tmp_path, capsy
         return [r["predicted"] for r in recs if r["step"] == 0 and r["depth"] == 0]
 
     assert set(step0_roots("cold")) == {0.5} and max(step0_roots("warm")) < 0.5
-    assert main(common + ["--predictor-warmup", str(tmp_path / "missing.jsonl")]) == 2
+    assert main(common + ["--predictor-warmup", str(tmp_path / "missing.jsonl")]) == 2  # the old spelling works
     err = capsys.readouterr().err
-    assert "--predictor-warmup" in err and len(err.strip().splitlines()) == 1
+    assert "predictor.warmup" in err and len(err.strip().splitlines()) == 1
 
 
 def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):
@@ -45,7 +46,7 @@ def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):
                  "--rollouts-per-prompt", "4", "--max-new-tokens", "8", "--out", str(tmp_path), "--save-trees"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "groups_per_1k_rollouts" in out and "trace" in out and (tmp_path / "rollout_summary.json").exists()
+    assert "groups_per_1k" in out and "trace" in out and (tmp_path / "rollout_summary.json").exists()
     rows = {r["method"]: r for r in json.loads((tmp_path / "rollout_summary.json").read_text())}
     assert rows["grpo"]["flip_rate"] != rows["grpo"]["flip_rate"] and 0 <= rows["trace"]["flip_rate"] <= 1  # nan: flat
     assert (tmp_path / "effective_ratio.png").exists()
@@ -56,26 +57,25 @@ def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):
 
 
 def test_eval_reports_pass_at_k(sft_model, capsys):
-    code = main(["eval", "--env", "calculator", "--model", str(sft_model), "--limit", "3", "--k", "1,2",
-                 "--max-new-tokens", "8"])
+    code = main(["eval", "env=calculator", f"model={sft_model}", "limit=3", "k=1,2", "max_new_tokens=8"])
     assert code == 0
     out = capsys.readouterr().out
     assert "pass@1" in out and "pass@2" in out
 
 
 def test_bad_model_and_bad_sampling_are_one_line_errors(tmp_path, capsys):
-    assert main(["rollout", "--model", "./no/such/model", "--steps", "1"]) == 2
+    assert main(["rollout", "policy.model=./no/such/model", "steps=1", f"out={tmp_path}"]) == 2
     err = capsys.readouterr().err
-    assert "does not exist" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert main(["eval", "--env", "calculator", "--model", "./x", "--top-p", "0"]) == 2
+    assert "existing path" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["eval", "env=calculator", "model=./x", "top_p=0"]) == 2
     assert "top_p" in capsys.readouterr().err
-    assert main(["rollout", "--methods", "trace_oracle", "--steps", "1"]) == 2
+    assert main(["rollout", "methods=trace_oracle", "steps=1"]) == 2
     assert "testbed" in capsys.readouterr().err
 
 
 def test_diagnose_after_simulate(tmp_path, capsys):
     run = tmp_path / "sim"
-    assert main(["simulate", "--methods", "grpo,trace", "--steps", "3", "--prompts", "8", "--out", str(run)]) == 0
+    assert main(["simulate", "methods=grpo,trace", "steps=3", "budget.prompts=8", f"out={run}", "progress=false"]) == 0
     assert main(["diagnose", str(run)]) == 0
     out = capsys.readouterr().out
     assert "spearman" in out and "prefixes" in out
@@ -85,15 +85,17 @@ def test_diagnose_after_simulate(tmp_path, capsys):
 
 def test_bad_task_mix_is_one_line_error(capsys):
     assert main(["rollout", "--chain-steps", "1,x", "--steps", "1"]) == 2
-    assert "--chain-steps" in capsys.readouterr().err
-    assert main(["rollout", "--digits", "4", "--steps", "1"]) == 2
-    assert "--digits" in capsys.readouterr().err
-    assert main(["rollout", "--prefix-share", "1", "--steps", "1"]) == 2
-    assert "--prefix-share" in capsys.readouterr().err
+    assert "env.chain_steps" in capsys.readouterr().err
+    assert main(["rollout", "env.digits=4", "steps=1"]) == 2
+    assert "env.digits" in capsys.readouterr().err
+    assert main(["rollout", "predictor.prefix_share=1", "steps=1"]) == 2
+    assert "predictor.prefix_share" in capsys.readouterr().err
+    assert main(["rollout", "env.name=chess", "steps=1"]) == 2
+    assert "env.name" in capsys.readouterr().err
 
 
 def test_rollout_with_an_lm_critic_that_does_not_exist_is_one_line(sft_model, tmp_path, capsys):
     code = main(["rollout", "--model", str(sft_model), "--methods", "trace", "--steps", "1", "--prompts", "2",
                  "--predictor", str(tmp_path / "no-critic"), "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
-    assert code == 2 and "--predictor" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "predictor.kind" in err and len(err.strip().splitlines()) == 1

@@ -170,11 +170,11 @@ class RolloutTree:
         return tree
 
 
-def save_trees(path: str | Path, trees: Iterable[RolloutTree], append: bool = False) -> None:
-    """Write one tree per line (JSON-lines)."""
+def save_trees(path: str | Path, trees: Iterable[RolloutTree], append: bool = False, extra: dict | None = None) -> None:
+    """Write one tree per line (JSON-lines); `extra` keys (e.g. method, step) go into every line."""
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
         for tree in trees:
-            fh.write(json.dumps(tree.to_dict()) + "\n")
+            fh.write(json.dumps({**(extra or {}), **tree.to_dict()}) + "\n")
 
 
 def load_trees(path: str | Path) -> list[RolloutTree]:

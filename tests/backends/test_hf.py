@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -70,8 +71,19 @@ def test_bad_inputs_are_clear_errors(backend):
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="at least one token"):
         backend.generate([[]], SamplingParams())
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="existing path"):
         load_model("./no/such/model")
+
+
+def test_a_hub_id_is_passed_to_transformers_not_rejected_as_a_path(monkeypatch):
+    from trace_rl.lm import models
+
+    assert models.resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    with pytest.raises(FileNotFoundError, match="existing path"):
+        models.resolve_model_path("no/such/deep/path")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # never download in tests: the hub id reaches from_pretrained
+    with pytest.raises(FileNotFoundError, match="cannot load model 'org-that-is-not/cached-anywhere'"):
+        load_model("org-that-is-not/cached-anywhere")
 
 
 def test_copies_of_distinct_prompts_in_one_call_are_encoded_once(backend):
@@ -130,3 +142,39 @@ def test_prefix_hashes_match_the_rolling_definition():
         h = (h * 1_000_003 + t + 1) % 2**64
         ref.append(h)
     assert [int(x) for x in HFBackend._hashes(seq)] == ref
+
+
+def test_no_cached_kv_of_old_weights_is_served_after_a_weight_update():
+    model, tok = create_tiny_model(hidden=32, layers=2, heads=2, seed=5)
+    backend = HFBackend(model, tok)
+    prompt = tok("a prompt the caches will hold", add_special_tokens=False).input_ids
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    first = backend.generate([prompt] * 2, params, seeds=[1, 2])
+    backend.generate([prompt + first[0].token_ids], params, seeds=[3])  # fills the per-row cache too
+    version = backend.weight_version
+    new = {k: v * 1.5 for k, v in model.state_dict().items()}
+    assert backend.update_weights(new) == version + 1
+    after = backend.generate([prompt] * 2, params, seeds=[1, 2])
+    again = backend.generate([prompt + after[0].token_ids], params, seeds=[3])
+    fresh_model, _ = create_tiny_model(hidden=32, layers=2, heads=2, seed=5)
+    fresh_model.load_state_dict(new)
+    fresh = HFBackend(fresh_model, tok)
+    ref = fresh.generate([prompt] * 2, params, seeds=[1, 2])
+    ref_again = fresh.generate([prompt + ref[0].token_ids], params, seeds=[3])
+    for a, b in zip(after + again, ref + ref_again):
+        assert a.token_ids == b.token_ids
+        assert np.allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert after[0].logprobs != first[0].logprobs  # the new weights are in use
+    assert all(key[0] == backend.weight_version for key in backend._rows)
+    assert all(key[0] == backend.weight_version for key in backend._prefix_cache)
+
+
+def test_a_row_samples_the_same_tokens_in_any_batch(backend):
+    tok = backend.tokenizer
+    a = tok("first prompt here", add_special_tokens=False).input_ids
+    b = tok("another, longer prompt for the batch", add_special_tokens=False).input_ids
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    alone = backend.generate([a], params, seeds=[42])[0]
+    backend.invalidate()
+    batched = backend.generate([b, a, b], params, seeds=[7, 42, 9])[1]
+    assert alone.token_ids == batched.token_ids

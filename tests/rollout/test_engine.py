@@ -1,3 +1,7 @@
+import asyncio
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -13,6 +17,7 @@ from trace_rl.metrics import tree_budget  # noqa: E402
 from trace_rl.predictors.history import RewardHistoryPredictor  # noqa: E402
 from trace_rl.predictors.text import light_text_predictor  # noqa: E402
 from trace_rl.rollout.engine import TreeRolloutEngine  # noqa: E402
+from trace_rl.rollout.lm_actor import LMActor  # noqa: E402
 from trace_rl.tree import BRANCH  # noqa: E402
 
 
@@ -21,9 +26,10 @@ def tok():
     return byte_tokenizer()
 
 
-def engine(tok, predictor, plan, wrong_every=3):
+def engine(tok, predictor, plan, wrong_every=3, env=CalculatorEnv, batching="round"):
     backend = ScriptedBackend(tok, lambda text, i: scripted_calc(text, i, wrong_every))
-    return TreeRolloutEngine(backend, CalculatorEnv, predictor, plan, SamplingParams(max_new_tokens=64), seed=0)
+    actor = LMActor(backend, env, SamplingParams(max_new_tokens=64), batching=batching)
+    return TreeRolloutEngine(actor, predictor, plan, seed=0)
 
 
 def test_trees_carry_tokens_masks_logprobs_and_rewards(tok):
@@ -56,10 +62,11 @@ def test_stage2_of_a_fast_prompt_starts_before_a_slow_prompt_finishes(tok):
     rng = np.random.default_rng(0)
     fast, slow = make_task(rng, 1, 1, index=0), make_task(rng, 5, 1, index=1)
     plan = BudgetPlan(prompts=2, rollouts_per_prompt=4, branch_factor=1, pool_factor=1, max_per_prompt=4)
-    eng = engine(tok, RewardHistoryPredictor(), plan, wrong_every=2)
-    res = eng.grow([fast, slow], get_method("trace_prefix_only"))
-    order = [(what, i) for what, i, _ in res.events]
-    assert order.index(("stage2_start", 0)) < order.index(("bare_done", 1))
+    for batching in ("round", "eager"):
+        eng = engine(tok, RewardHistoryPredictor(), plan, wrong_every=2, batching=batching)
+        res = eng.grow([fast, slow], get_method("trace_prefix_only"))
+        order = [(what, i) for what, i, _ in res.events]
+        assert order.index(("stage2_start", 0)) < order.index(("bare_done", 1))
 
 
 @pytest.mark.parametrize("name", ["grpo", "pcl", "knapsack_rl", "treepo", "tree_grpo", "trace_root_only"])
@@ -74,9 +81,79 @@ def test_every_baseline_runs_through_the_engine(tok, name):
 def test_malformed_output_becomes_an_observation(tok):
     plan = BudgetPlan(prompts=1, rollouts_per_prompt=2, branch_factor=0, pool_factor=1, max_per_prompt=2)
     backend = ScriptedBackend(tok, lambda text, i: "I think the answer is 5")
-    eng = TreeRolloutEngine(backend, CalculatorEnv, RewardHistoryPredictor(), plan, SamplingParams(max_new_tokens=32))
+    actor = LMActor(backend, CalculatorEnv, SamplingParams(max_new_tokens=32))
+    eng = TreeRolloutEngine(actor, RewardHistoryPredictor(), plan)
     res = eng.grow(make_tasks(1, seed=2, steps=(1,)), get_method("grpo"))
     leaves = res.trees[0].leaves()
     assert len(leaves) == 2 and all(l.reward == 0.0 for l in leaves)
     assert all("Invalid action format" in n.observation for n in res.trees[0].turns())
     assert all(l.depth == 4 for l in leaves)  # the episode ran to its turn limit (1 step + 1 + 2 spare)
+
+
+def test_agrow_runs_inside_a_running_event_loop(tok):
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=2, branch_factor=1, pool_factor=1, max_per_prompt=2)
+    eng = engine(tok, RewardHistoryPredictor(), plan)
+    tasks = make_tasks(2, seed=5, steps=(2,))
+
+    async def caller():  # e.g. a verl agent-loop worker or a notebook
+        with pytest.raises(RuntimeError, match="agrow"):
+            eng.grow(tasks, get_method("trace"))
+        return await eng.agrow(tasks, get_method("trace"))
+
+    res = asyncio.run(caller())
+    assert res.rollouts + res.unspent_prefix_budget == plan.total
+
+
+class GatedCalc(CalculatorEnv):
+    """Prompt 0's first tool call blocks until prompt 1's episodes have all ended (a slow sandbox call)."""
+
+    gate = threading.Event()
+    ended: list = []
+
+    def step(self, action):
+        if self.task["index"] == 0 and self.turn == 0:
+            assert GatedCalc.gate.wait(timeout=20), "prompt 1 was held back by prompt 0's slow tool call"
+        out = super().step(action)
+        if self.task["index"] == 1 and out[2]:
+            GatedCalc.ended.append(1)
+            if len(GatedCalc.ended) == 2:
+                GatedCalc.gate.set()
+        return out
+
+
+def test_a_slow_tool_call_does_not_stall_other_prompts_under_eager_batching(tok):
+    GatedCalc.gate.clear()
+    GatedCalc.ended.clear()
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=2, branch_factor=0, pool_factor=1, max_per_prompt=2)
+    eng = engine(tok, RewardHistoryPredictor(), plan, env=GatedCalc, batching="eager")
+    res = eng.grow(make_tasks(2, seed=6, steps=(2,)), get_method("grpo"))
+    order = [(what, i) for what, i, _ in res.events]
+    assert order.index(("bare_done", 1)) < order.index(("bare_done", 0))
+    assert all(leaf.reward is not None for t in res.trees for leaf in t.leaves())
+
+
+class JitteryCalc(CalculatorEnv):
+    """Environment steps that take a random time: which prompt finishes first changes from run to run."""
+
+    def step(self, action):
+        time.sleep(np.random.default_rng().random() * 0.004)
+        return super().step(action)
+
+
+def test_a_seed_reproduces_sampled_trees_whatever_the_timing():
+    torch = pytest.importorskip("torch")
+    from trace_rl.backends.hf import HFBackend
+    from trace_rl.lm.models import create_tiny_model
+
+    plan = BudgetPlan(prompts=3, rollouts_per_prompt=2, branch_factor=1, pool_factor=1, max_per_prompt=2)
+    tasks = make_tasks(3, seed=7, steps=(1, 2))
+    runs = []
+    for _ in range(2):
+        model, tok = create_tiny_model(hidden=32, layers=1, heads=2, seed=1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(4)
+        actor = LMActor(HFBackend(model, tok), JitteryCalc, SamplingParams(max_new_tokens=12))
+        res = TreeRolloutEngine(actor, light_text_predictor(), plan, seed=3).grow(tasks, get_method("trace"))
+        runs.append([(n.node_id, n.token_ids, n.reward) for t in res.trees for n in t.nodes.values()])
+    assert runs[0] == runs[1]

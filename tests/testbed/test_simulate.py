@@ -3,45 +3,74 @@ import json
 import numpy as np
 
 from trace_rl.methods import BudgetPlan
+from trace_rl.rollout.records import format_table, summarize
 from trace_rl.testbed.propositions import check_propositions
-from trace_rl.testbed.simulate import SimulateArgs, format_table, run_simulation, summarize
+from trace_rl.testbed.simulate import SimulateConfig, run_simulation
 
 SMALL = dict(steps=4, train_tasks=128, eval_tasks=32, eval_every=2, progress=False,
-             plan=BudgetPlan(prompts=8, rollouts_per_prompt=4, pool_factor=3, max_per_prompt=6))
+             budget=BudgetPlan(prompts=8, rollouts_per_prompt=4, pool_factor=3, max_per_prompt=6))
+
+
+def _strip(res):
+    return [{k: v for k, v in r.items() if not k.startswith("timing_s/")} for rs in res.values() for r in rs]
 
 
 def test_one_seed_reproduces_a_run():
-    a = run_simulation(SimulateArgs(methods=("trace", "grpo"), seed=3, **SMALL))
-    b = run_simulation(SimulateArgs(methods=("trace", "grpo"), seed=3, **SMALL))
-    strip = lambda res: [{k: v for k, v in r.items() if not k.startswith(("time_", "wall"))} for rs in res.values() for r in rs]
-    assert strip(a) == strip(b)
-    c = run_simulation(SimulateArgs(methods=("trace",), seed=4, **SMALL))
-    assert strip(c) != strip({"trace": a["trace"]})
+    a = run_simulation(SimulateConfig(methods=["trace", "grpo"], seed=3, **SMALL))
+    b = run_simulation(SimulateConfig(methods=["trace", "grpo"], seed=3, **SMALL))
+    assert _strip(a) == _strip(b)
+    c = run_simulation(SimulateConfig(methods=["trace"], seed=4, **SMALL))
+    assert _strip(c) != _strip({"trace": a["trace"]})
 
 
 def test_equal_budget_and_outputs(tmp_path):
-    methods = ("grpo", "pcl", "knapsack_rl", "treepo", "trace", "trace_oracle")
-    res = run_simulation(SimulateArgs(methods=methods, out_dir=str(tmp_path), save_trees_every=2, **SMALL))
-    total = SMALL["plan"].total
+    methods = ["grpo", "pcl", "knapsack_rl", "treepo", "trace", "trace_oracle"]
+    res = run_simulation(SimulateConfig(methods=methods, save_trees_every=2, **SMALL), out=tmp_path)
+    total = SMALL["budget"].total
     for name, recs in res.items():
         for r in recs:
-            assert r["rollouts"] <= total
-            assert r["rollouts"] >= total - 4 * SMALL["plan"].prompts  # only unspendable prefix budget is lost
-            assert 0.0 <= r["effective_ratio"] <= 1.0
-        assert "accuracy" in recs[-1]
+            assert r["rollout/rollouts"] <= total
+            assert r["rollout/rollouts"] >= total - 4 * SMALL["budget"].prompts  # only unspendable prefix budget
+            assert r["rollout/rollouts"] + r["alloc/unspent_prefix_budget"] == total
+            assert 0.0 <= r["rollout/effective_ratio"] <= 1.0
+        assert "eval/accuracy" in recs[-1]
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == len(methods) * SMALL["steps"]
-    assert json.loads(lines[0])["method"] == "grpo"
-    assert (tmp_path / "trees_trace.jsonl").exists()
+    first = json.loads(lines[0])
+    assert first["method"] == "grpo" and "rollout/effective_ratio" in first and "timing_s/generate" in first
+    assert all(k in ("method", "step", "seed") or k.split("/")[0] in ("rollout", "alloc", "predictor", "timing_s",
+                                                                         "eval") for k in first)
+    saved = (tmp_path / "trees_trace.jsonl").read_text().splitlines()
+    assert saved and json.loads(saved[0])["method"] == "trace"
     rows = summarize(res)
-    assert rows[0]["er_vs_grpo"] == 1.0
+    assert rows[0]["vs_grpo"] == 1.0
     assert "trace_oracle" in format_table(rows)
+
+
+def test_a_rerun_into_the_same_directory_replaces_its_trees(tmp_path):
+    cfg = SimulateConfig(methods=["trace"], save_trees_every=1, **SMALL)
+    run_simulation(cfg, out=tmp_path)
+    first = (tmp_path / "trees_trace.jsonl").read_text()
+    run_simulation(cfg, out=tmp_path)
+    assert (tmp_path / "trees_trace.jsonl").read_text() == first  # not appended to the earlier run's trees
+
+
+def test_only_the_methods_own_predictor_learns(monkeypatch):
+    from trace_rl.predictors.logistic import OnlineLogisticPredictor
+
+    calls = []
+    original = OnlineLogisticPredictor.update
+    monkeypatch.setattr(OnlineLogisticPredictor, "update", lambda self, *a: calls.append(1) or original(self, *a))
+    run_simulation(SimulateConfig(methods=["trace_oracle", "knapsack_rl"], **SMALL))
+    assert not calls  # the oracle and the reward history drive these methods; nothing fits the learned model
+    run_simulation(SimulateConfig(methods=["trace"], **SMALL))
+    assert len(calls) == SMALL["steps"]
 
 
 def test_trace_beats_uniform_effective_ratio_with_the_oracle():
     args = dict(SMALL, steps=6)
-    res = run_simulation(SimulateArgs(methods=("grpo", "trace_oracle"), seed=0, **args))
-    er = {k: np.mean([r["effective_ratio"] for r in v]) for k, v in res.items()}
+    res = run_simulation(SimulateConfig(methods=["grpo", "trace_oracle"], seed=0, **args))
+    er = {k: np.mean([r["rollout/effective_ratio"] for r in v]) for k, v in res.items()}
     assert er["trace_oracle"] > 1.5 * er["grpo"]
 
 

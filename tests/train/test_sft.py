@@ -6,7 +6,7 @@ pytest.importorskip("transformers")
 from trace_rl.agent.react import ChatFormat  # noqa: E402
 from trace_rl.envs.calculator import make_tasks  # noqa: E402
 from trace_rl.lm.models import create_tiny_model  # noqa: E402
-from trace_rl.train.sft import demo_sequence, train_sft  # noqa: E402
+from trace_rl.train.sft import SFTParams, demo_sequence, train_sft  # noqa: E402
 
 
 def test_demo_sequences_mask_only_assistant_turns():
@@ -20,8 +20,8 @@ def test_demo_sequences_mask_only_assistant_turns():
 def test_sft_reduces_the_loss_quickly():
     model, tok = create_tiny_model(hidden=48, layers=2, heads=2)
     tasks = make_tasks(64, seed=1, steps=(1,), digits=(1,))
-    first = train_sft(model, tok, tasks, max_steps=1, batch_size=4, lr=5e-3, log_every=0)
-    later = train_sft(model, tok, tasks, max_steps=40, batch_size=4, lr=5e-3, log_every=0)
+    first = train_sft(model, tok, tasks, max_steps=1, params=SFTParams(batch_size=4, lr=5e-3), log_every=0)
+    later = train_sft(model, tok, tasks, max_steps=40, params=SFTParams(batch_size=4, lr=5e-3), log_every=0)
     assert later["loss"] < first["loss"]
 
 
@@ -30,7 +30,17 @@ def test_one_seed_gives_one_model():
     weights = []
     for _ in range(2):
         model, tok = create_tiny_model(hidden=32, layers=1, heads=2, seed=3)
-        train_sft(model, tok, make_tasks(16, seed=2), max_steps=6, max_seconds=30, batch_size=2, lr=5e-3,
-                  seed=4, warmup_steps=1, log_every=0)
+        train_sft(model, tok, make_tasks(16, seed=2), max_steps=6,
+                  params=SFTParams(batch_size=2, lr=5e-3, warmup_steps=1), seed=4, log_every=0)
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.equal(weights[0], weights[1])
+
+
+def test_default_trains_by_steps_and_a_cap_reports_an_early_stop():
+    model, tok = create_tiny_model(hidden=32, layers=1, heads=2)
+    tasks = make_tasks(16, seed=2, steps=(1,), digits=(1,))
+    full = train_sft(model, tok, tasks, max_steps=3, params=SFTParams(batch_size=2), log_every=0)
+    assert full["steps"] == 3 and not full["stopped_early"]  # no wall-clock cap by default
+    capped = train_sft(model, tok, tasks, max_steps=10_000, params=SFTParams(batch_size=2, max_minutes=1e-6),
+                       log_every=0)
+    assert capped["stopped_early"] and capped["steps"] < 10_000

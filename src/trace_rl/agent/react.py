@@ -68,9 +68,10 @@ class Episode:
     turns: list[Turn] = field(default_factory=list)
     done: bool = False
     reward: float = 0.0
+    seed: int = 0  # the episode's random stream: turn t samples with derive_seed(seed, t)
 
     def fork(self) -> "Episode":
-        return Episode(self.env.fork(), list(self.token_ids), list(self.turns), self.done, self.reward)
+        return Episode(self.env.fork(), list(self.token_ids), list(self.turns), self.done, self.reward, self.seed)
 
 
 def start_episode(env: AgentEnv, task: dict, fmt: ChatFormat) -> Episode:

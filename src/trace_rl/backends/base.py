@@ -1,14 +1,28 @@
 """Policy backends, token-in/token-out: prompt token ids in, sampled token ids, their log-probs and the stop
 reason out. Histories are extended by appending ids; nothing is re-tokenised.
 
+Randomness is per request: each prompt row carries its own seed, so what a row samples does not depend on
+which other rows share its batch. That is what lets the engine batch whatever is ready (rows arriving from
+different prompts at different times) and still reproduce a run from one seed. (A backend whose logits depend
+on the batch shape in the last bits, as fp32 matmuls do, can still flip a token whose cumulative probability
+sits within rounding of the row's uniform draw; the engine's default batching keeps batch composition fixed.)
+
+Caches keyed on token ids (prefix KV, per-row KV) are only valid for the weights that filled them: every
+backend carries a `weight_version`, bumped by `update_weights()` / `invalidate()`, and serves no cached state
+from an older version.
+
 `ScriptedBackend` answers from a function of the decoded prompt, deterministically, so the agent loop and the
 rollout engine are testable without a model.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
+
+from ..seeding import derive_seed
 
 
 @dataclass(frozen=True)
@@ -40,22 +54,84 @@ class Generation:
     prefix_tokens_computed: int = 0  # prompt tokens this call had to prefill (0 when fully cached)
 
 
+def row_seeds(n: int, seed: int | None, seeds: Sequence[int] | None) -> list[int]:
+    """Per-row seeds: as given, or derived from the call's seed and the row's index."""
+    if seeds is not None:
+        if len(seeds) != n:
+            raise ValueError(f"seeds: {len(seeds)} seeds for {n} prompts")
+        return [int(s) for s in seeds]
+    return [derive_seed(0 if seed is None else int(seed), "row", i) for i in range(n)]
+
+
 class PolicyBackend(Protocol):
     tokenizer: object
+    weight_version: int
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None) -> list[Generation]:
-        """One continuation per prompt; prompts sharing a prefix share its computation."""
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generation]:
+        """One continuation per prompt; row i samples from `seeds[i]` (or from `seed` and i); prompts sharing a
+        prefix share its computation."""
+
+    async def agenerate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
+        """`generate` without blocking the event loop (vLLM's async engine implements this natively)."""
+
+    def update_weights(self, state_dict: dict | None = None) -> int:
+        """Load new weights (or note that the model was updated in place); drops cached KV; new version."""
+
+    def invalidate(self) -> int:
+        """Drop every cache and bump the weight version."""
+
+
+class VersionedBackend:
+    """What every backend shares: the weight version, and an `agenerate` that runs `generate` in a worker
+    thread (one call at a time: a model is not safe to call from two threads at once)."""
+
+    weight_version: int = 0
+    _call_lock = threading.Lock()  # class-wide: simple, and one process drives one model at a time anyway
+
+    def generate(self, prompts, params, seed=None, seeds=None) -> list[Generation]:
+        raise NotImplementedError
+
+    async def agenerate(self, prompts, params: SamplingParams, seeds: Sequence[int] | None = None) -> list[Generation]:
+        return await asyncio.to_thread(self._generate_locked, prompts, params, seeds)
+
+    def _generate_locked(self, prompts, params, seeds) -> list[Generation]:
+        with self._call_lock:
+            return self.generate(prompts, params, None, seeds)
+
+    def clear_cache(self) -> None:
+        """Drop cached state (backends with caches override this)."""
+
+    def invalidate(self) -> int:
+        self.clear_cache()
+        self.weight_version += 1
+        return self.weight_version
+
+    def update_weights(self, state_dict: dict | None = None) -> int:
+        if state_dict is not None:
+            self._load_state_dict(state_dict)
+        return self.invalidate()
+
+    def _load_state_dict(self, state_dict: dict) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no weights to load")
 
 
 @dataclass
-class ScriptedBackend:
+class ScriptedBackend(VersionedBackend):
     """Deterministic test backend: `respond(prompt_text, index)` gives the text to emit."""
 
     tokenizer: object
     respond: Callable[[str, int], str]
     calls: list[int] = field(default_factory=list)
 
-    def generate(self, prompts, params: SamplingParams, seed: int | None = None) -> list[Generation]:
+    def generate(self, prompts, params: SamplingParams, seed: int | None = None, seeds=None) -> list[Generation]:
         out = []
         eos = self.tokenizer.eos_token
         for i, prompt in enumerate(prompts):

@@ -15,6 +15,10 @@ does the same with paged memory.
 Relies on transformers' `DynamicCache` (crop, batch_repeat_interleave) and on causal LMs accepting a 2-D
 attention mask with zeros in the middle plus explicit `position_ids` (true of Llama, Qwen, Mistral).
 Log-probs are those of the sampled tokens under the temperature-scaled distribution before top-p.
+
+Sampling is per row: row i draws its uniforms from its own seed (numpy, one draw per generated position) and
+picks the token by inverse CDF, so a row's tokens do not depend on the other rows of its batch. Caches carry
+the weight version (`update_weights()` / `invalidate()` drop them), so no KV of old weights is ever served.
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import Generation, SamplingParams
+from .base import Generation, SamplingParams, VersionedBackend, row_seeds
 
 
-class HFBackend:
+class HFBackend(VersionedBackend):
     def __init__(self, model, tokenizer, prefix_cache_size: int = 8, row_cache_bytes: int = 512 * 2**20):
         import torch
 
@@ -37,11 +41,12 @@ class HFBackend:
         self.device = next(model.parameters()).device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = {tokenizer.eos_token_id}
-        self._prefix_cache: OrderedDict[tuple[int, ...], tuple[object, object]] = OrderedDict()  # -> (kv, last logits)
+        # (weight version, token ids) -> (kv, last logits); a version bump makes every entry unreachable
+        self._prefix_cache: OrderedDict[tuple[int, tuple[int, ...]], tuple[object, object]] = OrderedDict()
         self.prefix_cache_size = prefix_cache_size
-        # per-sequence KV of earlier calls (prompt + what was fed of its generation), keyed by (length, hash), so
+        # per-sequence KV of earlier calls (prompt + what was fed of its generation), keyed by (version, length, hash), so
         # the next turn of an episode encodes only its new tokens; bounded in bytes, least recently used out
-        self._rows: OrderedDict[tuple[int, int], tuple[tuple[int, ...], list]] = OrderedDict()
+        self._rows: OrderedDict[tuple[int, int, int], tuple[tuple[int, ...], list]] = OrderedDict()
         self._row_lengths: dict[int, int] = {}
         self._row_bytes, self.row_cache_bytes = 0, row_cache_bytes
         self.stats = {"prefill_tokens": 0, "reused_prefix_tokens": 0, "generated_tokens": 0}
@@ -59,13 +64,13 @@ class HFBackend:
         torch = self.torch
         from transformers import DynamicCache
 
-        best = ()
-        for key in self._prefix_cache:
-            if len(best) < len(key) <= len(shared) and tuple(shared[: len(key)]) == key:
+        best, version = (), self.weight_version
+        for ver, key in self._prefix_cache:
+            if ver == version and len(best) < len(key) <= len(shared) and tuple(shared[: len(key)]) == key:
                 best = key
-        cache, logits = copy.deepcopy(self._prefix_cache[best]) if best else (DynamicCache(), None)
+        cache, logits = copy.deepcopy(self._prefix_cache[version, best]) if best else (DynamicCache(), None)
         if best:
-            self._prefix_cache.move_to_end(best)
+            self._prefix_cache.move_to_end((version, best))
         row = self._row_lookup(shared) if len(best) < len(shared) - 1 else None
         if row and row[0] > len(best):  # an earlier call's sequence covers more of it
             best = shared[: row[0]]
@@ -78,13 +83,16 @@ class HFBackend:
             pos = torch.arange(len(best), len(shared), device=self.device)[None]
             with torch.no_grad():
                 logits = self.model(input_ids=ids, cache=cache, position_ids=pos, use_cache=True).logits[:, -1, :]
-        if shared and tuple(shared) not in self._prefix_cache:
-            self._prefix_cache[tuple(shared)] = (copy.deepcopy(cache), logits)
+        if shared and (version, tuple(shared)) not in self._prefix_cache:
+            self._prefix_cache[version, tuple(shared)] = (copy.deepcopy(cache), logits)
             while len(self._prefix_cache) > self.prefix_cache_size:
                 self._prefix_cache.popitem(last=False)
         self.stats["prefill_tokens"] += len(todo)
         self.stats["reused_prefix_tokens"] += len(best)
         return cache, len(todo), logits
+
+    def _load_state_dict(self, state_dict: dict) -> None:
+        self.model.load_state_dict(state_dict)
 
     def clear_cache(self) -> None:
         self._prefix_cache.clear()
@@ -119,7 +127,7 @@ class HFBackend:
                 continue
             if hashes is None:
                 hashes = self._hashes(prompt)
-            key = (length, int(hashes[length - 1]))
+            key = (self.weight_version, length, int(hashes[length - 1]))
             entry = self._rows.get(key)
             if entry is not None and entry[0] == tuple(prompt[:length]):
                 self._rows.move_to_end(key)
@@ -133,7 +141,7 @@ class HFBackend:
         for i, (seq, col) in enumerate(zip(seqs, cols)):
             if not seq:
                 continue
-            key = (len(seq), int(self._hashes(seq)[-1]))
+            key = (self.weight_version, len(seq), int(self._hashes(seq)[-1]))
             if key in self._rows:
                 continue
             kv = [(layer.keys[i: i + 1, :, col], layer.values[i: i + 1, :, col]) for layer in cache.layers]
@@ -141,7 +149,7 @@ class HFBackend:
             self._row_lengths[len(seq)] = self._row_lengths.get(len(seq), 0) + 1
             self._row_bytes += self._nbytes(kv)
             while self._row_bytes > self.row_cache_bytes and self._rows:
-                (length, _), (_, old) = self._rows.popitem(last=False)
+                (_, length, _), (_, old) = self._rows.popitem(last=False)
                 self._row_bytes -= self._nbytes(old)
                 self._row_lengths[length] -= 1
                 if not self._row_lengths[length]:
@@ -152,7 +160,8 @@ class HFBackend:
         return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
 
     # -- sampling -----------------------------------------------------------------------------------
-    def _sample(self, logits, params: SamplingParams, gen):
+    def _sample(self, logits, params: SamplingParams, uniforms):
+        """Next token of every row: greedy, or inverse-CDF with the row's own uniform draw; and its log-prob."""
         torch = self.torch
         logits = logits.float()
         if params.temperature == 0:
@@ -165,18 +174,22 @@ class HFBackend:
             drop = sp.cumsum(-1) - sp > params.top_p
             sp = sp.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, idx, sp)
-        tok = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1, generator=gen)[:, 0]
+        cdf = probs.cumsum(-1)
+        u = torch.as_tensor(uniforms, dtype=cdf.dtype, device=cdf.device)[:, None] * cdf[:, -1:]
+        # side="right": a token of zero probability (a flat step of the CDF) is never picked
+        tok = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
         return tok, logp.gather(-1, tok[:, None])[:, 0]
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
         torch = self.torch
         prompts = [list(p) for p in prompts]
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(0 if seed is None else int(seed))
+        uniforms = np.stack([np.random.default_rng(s).random(params.max_new_tokens)
+                             for s in row_seeds(len(prompts), seed, seeds)])
 
         B = len(prompts)
         distinct: dict[tuple[int, ...], int] = {}
@@ -204,8 +217,8 @@ class HFBackend:
         reason = ["length"] * B
         done = [False] * B
         with torch.no_grad():
-            for _ in range(params.max_new_tokens):
-                tok, lp = self._sample(logits, params, gen)
+            for step in range(params.max_new_tokens):
+                tok, lp = self._sample(logits, params, uniforms[:, step])
                 for i in range(B):
                     if done[i]:
                         continue

@@ -1,4 +1,5 @@
-"""Environments by name, with their default benchmarks: what `trace-rl eval --env NAME` runs."""
+"""Environments by name: a fresh environment per rollout, training tasks for `rollout` and `train`, the
+default benchmarks that `trace-rl eval env=NAME` runs, and the tokens per turn a real model needs there."""
 
 from __future__ import annotations
 
@@ -6,13 +7,34 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from .data import data_root, load_tasks
+
+
+ENVS = ("calculator", "math", "qa", "bfcl")
 
 
 @dataclass
 class EnvSpec:
     make: Callable[[], object]  # a fresh environment per rollout
     benchmarks: dict[str, Callable[[int | None], list[dict]]]  # name -> loader(limit)
+    train: Callable[[int, int], list[dict]]  # (count, seed) -> training prompts, drawn with replacement if few
+    max_new_tokens: int = 256  # tokens per turn a model needs in this env (reasoning plus one action)
+
+
+def _sample(load: Callable[[], list[dict]]) -> Callable[[int, int], list[dict]]:
+    """(count, seed) -> `count` rows of `load()` in a seeded order, reindexed so each prompt id is unique."""
+
+    def draw(count: int, seed: int) -> list[dict]:
+        rows = load()
+        if not rows:
+            raise ValueError("the training set is empty")
+        rng = np.random.default_rng(seed)
+        idx = np.concatenate([rng.permutation(len(rows)) for _ in range(-(-count // len(rows)))])[:count]
+        return [{**rows[i], "index": j} for j, i in enumerate(idx)]
+
+    return draw
 
 
 def _qa_corpus_questions(name: str, limit: int | None) -> list[dict]:
@@ -28,16 +50,20 @@ def _qa_corpus_questions(name: str, limit: int | None) -> list[dict]:
     return out
 
 
-def get_env(name: str, corpus: str | None = None, retriever_url: str | None = None) -> EnvSpec:
+def get_env(name: str, corpus: str | None = None, retriever_url: str | None = None,
+            calculator_mix: dict | None = None) -> EnvSpec:
     if name == "calculator":
-        from .calculator import CalculatorEnv, make_tasks
+        from .calculator import RL_MIX, CalculatorEnv, make_tasks
 
-        return EnvSpec(CalculatorEnv, {"calculator": lambda n: make_tasks(n or 256, seed=10_000)})
+        mix = calculator_mix or RL_MIX
+        return EnvSpec(CalculatorEnv, {"calculator": lambda n: make_tasks(n or 256, seed=10_000, **mix)},
+                       lambda count, seed: make_tasks(count, seed=seed, **mix), max_new_tokens=48)
     if name == "math":
         from .math_env import MathEnv
 
         benches = ("aime24", "amc23", "math500", "minerva", "olympiadbench")
-        return EnvSpec(MathEnv, {b: (lambda n, b=b: load_tasks(b, n)) for b in benches})
+        return EnvSpec(MathEnv, {b: (lambda n, b=b: load_tasks(b, n)) for b in benches},
+                       _sample(lambda: load_tasks("math-train")), max_new_tokens=512)
     if name == "qa":
         from .qa_env import QAEnv
         from .retrieval import BM25Retriever, RemoteRetriever, load_corpus
@@ -53,9 +79,14 @@ def get_env(name: str, corpus: str | None = None, retriever_url: str | None = No
             passages = load_corpus(root / "hotpotqa_train_corpus.json") + load_corpus(root / "musique_train_corpus.json")
             retriever = BM25Retriever(passages)
             benches = {f"{b}-corpus": (lambda n, b=b: _qa_corpus_questions(b, n)) for b in ("hotpotqa", "musique")}
-        return EnvSpec(lambda: QAEnv(retriever), benches)
+        train = _sample(lambda: load_tasks("qa-train-1"))
+        if not (retriever_url or corpus):
+            train = _sample(lambda: _qa_corpus_questions("hotpotqa", None) + _qa_corpus_questions("musique", None))
+        return EnvSpec(lambda: QAEnv(retriever), benches, train, max_new_tokens=256)
     if name == "bfcl":
         from .bfcl_env import CATEGORIES, BFCLEnv, load_bfcl
 
-        return EnvSpec(BFCLEnv, {c: (lambda n, c=c: load_bfcl(c, n)) for c in CATEGORIES})
-    raise ValueError(f"unknown env {name!r}; choose from calculator, math, qa, bfcl")
+        # BFCL has no training split: training draws from the base category, so evaluate on the others
+        return EnvSpec(BFCLEnv, {c: (lambda n, c=c: load_bfcl(c, n)) for c in CATEGORIES},
+                       _sample(lambda: load_bfcl("multi_turn_base")), max_new_tokens=256)
+    raise ValueError(f"env: unknown {name!r}; choose from {', '.join(ENVS)}")

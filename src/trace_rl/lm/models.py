@@ -31,6 +31,7 @@ def minilm_path() -> Path:
     return hits[0]
 
 DEFAULT_MODEL = "tiny"
+RANDOM_TINY = "random-tiny"  # the tiny model, randomly initialised: no warm start needed (smoke tests)
 
 
 def cache_dir() -> Path:
@@ -98,7 +99,8 @@ def smollm2_path() -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """'tiny' -> the warm-started default (run `trace-rl sft` first), 'smollm2-135m' -> cached SmolLM2, else as is."""
+    """'tiny' -> the warm-started default (run `trace-rl sft` first), 'smollm2-135m' -> cached SmolLM2, an
+    existing directory as is, an `org/name` hub id as is (loaded from the local Hugging Face cache or the hub)."""
     if name == DEFAULT_MODEL:
         path = cache_dir() / "tiny-sft"
         if not (path / "config.json").exists():
@@ -106,10 +108,13 @@ def resolve_model_path(name: str) -> str:
         return str(path)
     if name == SMOLLM2:
         return str(smollm2_path())
-    if os.path.sep in name or name.startswith("."):
-        if not Path(name).exists():
-            raise FileNotFoundError(f"model path {name!r} does not exist")
-    return name
+    if Path(name).expanduser().exists():
+        return str(Path(name).expanduser())
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") != 1
+    if looks_like_path:
+        raise FileNotFoundError(f"model: {name!r} is not 'tiny', 'random-tiny', {SMOLLM2!r}, an existing path "
+                                "or a hub id (org/name)")
+    return name  # a hub id
 
 
 def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
@@ -117,6 +122,9 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if name == RANDOM_TINY:
+        model, tok = create_tiny_model(seed=0)
+        return model.to(device).eval(), tok
     path = resolve_model_path(name)
     try:
         tok = AutoTokenizer.from_pretrained(path)

@@ -1,190 +1,227 @@
-"""The TRACE tree rollout engine for LM agents: stage 1 over a candidate pool, bare rollouts, and stage 2 for
-each prompt as soon as that prompt's bare rollouts end.
+"""The one TRACE step, for every actor: candidate pool -> V~ of each root -> stage-1 root allocation -> bare
+rollouts -> stage-2 prefix allocation for each prompt as soon as its own bare rollouts end -> continuations
+from forked episodes -> recursive targets -> predictor update.
 
-Each active prompt is one asyncio task. Tasks never call the model directly: they submit their turn's prompts
-to a micro-batcher, which runs one backend call over everything submitted in the same event-loop tick. So
-prompts progress independently (a prompt whose episodes end early allocates and starts its continuations
-while others are still in their bare rollouts), and the model still sees large batches. The backend call is
-synchronous on the loop thread: on one device nothing else needs to run while the model does.
+The step is generic over how a turn is sampled. An `Actor` starts episodes, advances a group of them by one
+turn and forks them; the testbed's tabular policy (`testbed.actor`) and the ReAct LM agent
+(`rollout.lm_actor`) are the two implementations, so `simulate`, `rollout` and the trainer run this code and
+nothing else. What follows the step (a policy update) belongs to the caller.
 
-Every baseline of the core runs through the same engine (a `Method` picks the root and prefix strategies).
-Budget is accounted in rollouts and in generated tokens; the time split is generate / predictor / allocate /
-env (environment steps and tokenising their observations, which any rollout pays), and the rest of the
-engine's time (allocation and bookkeeping) is reported as its overhead.
+Each active prompt is one asyncio task, so a prompt whose bare rollouts end early allocates and starts its
+continuations while others are still running. Every random choice is drawn from a stream named by the run's
+seed, the step and the prompt (`seeding`): which prompt finishes first never changes what anything samples.
+`agrow` runs inside a caller's event loop (a verl agent-loop worker, a Ray actor, a notebook); `grow` is the
+synchronous wrapper.
+
+Time is split into generate (the actor's sampling), env (environment steps, wall time during which any ran),
+predictor, allocate and the rest (bookkeeping); `overhead` is allocate plus bookkeeping, the engine's own cost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Protocol, Sequence
 
 import numpy as np
 
-from ..agent.react import ChatFormat, Episode, apply_generation, start_episode
 from ..allocation import prefix_flip_prob
 from ..methods import BudgetPlan, Method, allocate_method_prefixes, allocate_method_roots
-from ..envs.base import AgentEnv
-from ..backends.base import Generation, PolicyBackend, SamplingParams
-from ..predictors.base import Predictor
+from ..predictors.base import Predictor, training_examples
+from ..seeding import derive_rng, derive_seed
 from ..tree import BARE, BRANCH, RolloutTree
-from .episodes import record_turn
+
+TIMERS = ("generate", "env", "predictor", "allocate", "total")
+
+
+class Clock:
+    """Seconds per phase of one step. Environment steps may run in threads at once: `env` counts the wall time
+    during which at least one ran, not the sum over threads."""
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(TIMERS, 0.0)
+        self._lock = threading.Lock()
+        self._env_running, self._env_since = 0, 0.0
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
+
+    def env_started(self) -> None:
+        with self._lock:
+            if not self._env_running:
+                self._env_since = time.perf_counter()
+            self._env_running += 1
+
+    def env_finished(self) -> None:
+        with self._lock:
+            self._env_running -= 1
+            if not self._env_running:
+                self.seconds["env"] += time.perf_counter() - self._env_since
+
+
+class Actor(Protocol):
+    """How turns are sampled. An episode is the actor's own object with `done` and `reward` attributes."""
+
+    def begin_step(self, prompts: int, clock: Clock) -> None:
+        """`prompts` prompt tasks are about to run this step; time goes to `clock`."""
+
+    def end_prompt(self) -> None:
+        """One prompt task finished (it will ask for no more turns this step)."""
+
+    def tree(self, index: int, task: object) -> RolloutTree:
+        """The empty tree of the pool's `index`-th prompt (its root id and what it stores as the prompt)."""
+
+    def start(self, tree: RolloutTree, task: object, seeds: Sequence[int]) -> list:
+        """Fresh episodes of `task`, one per seed; may fill the root node of `tree` (prompt tokens, features)."""
+
+    async def advance(self, episodes: Sequence) -> list[dict]:
+        """Sample one turn of each episode and step its environment; per episode, the turn's node fields
+        (thought, action, observation, token_ids, loss_mask, logprobs, info) for `RolloutTree.add_turn`."""
+
+    def fork(self, episode, seed: int):
+        """A copy of `episode` that continues from its state with its own random stream."""
 
 
 @dataclass
 class StepResult:
+    """One step's trees and what it cost."""
+
+    method: str
+    step: int
     trees: list[RolloutTree]
-    rollouts: int = 0
+    bare_rollouts: int = 0
     continuations: int = 0
     generated_tokens: int = 0
     prefix_generated_tokens: int = 0
-    unspent_prefix_budget: int = 0
-    time: dict = field(default_factory=lambda: {"generate": 0.0, "predictor": 0.0, "allocate": 0.0, "env": 0.0,
-                                                "total": 0.0})
-    events: list[tuple[str, int, float]] = field(default_factory=list)  # (what, prompt index, seconds)
+    unspent_prefix_budget: int = 0  # stage-2 budget of prompts with no anchor (every bare rollout ended at once)
+    predictor_loss: float | None = None
+    time: dict = field(default_factory=lambda: dict.fromkeys(TIMERS, 0.0))
+    events: list[tuple[str, int, float]] = field(default_factory=list)  # (what, prompt index, seconds into step)
+
+    @property
+    def rollouts(self) -> int:
+        return self.bare_rollouts + self.continuations
+
+    @property
+    def active(self) -> list[RolloutTree]:
+        return [t for t in self.trees if t.root.children]
 
     @property
     def overhead(self) -> float:
-        """The engine's own time (allocation and bookkeeping): neither the model, the predictor nor the env."""
+        """The engine's own time (allocation and bookkeeping): neither the actor, the predictor nor the env."""
         t = self.time
         return max(t["total"] - t["generate"] - t["predictor"] - t["env"], 0.0)
 
 
-class _MicroBatcher:
-    """Collects generate requests made in one event-loop tick and serves them with one backend call."""
-
-    def __init__(self, backend: PolicyBackend, params: SamplingParams, result: StepResult, seed: int):
-        self.backend, self.params, self.result, self.seed = backend, params, result, seed
-        self.pending: list[tuple[list[list[int]], asyncio.Future]] = []
-        self.calls = 0
-
-    async def generate(self, prompts: list[list[int]]) -> list[Generation]:
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        if not self.pending:
-            loop.call_soon(self._flush)
-        self.pending.append((prompts, fut))
-        return await fut
-
-    def _flush(self) -> None:
-        batch, self.pending = self.pending, []
-        flat = [p for prompts, _ in batch for p in prompts]
-        t0 = time.perf_counter()
-        try:
-            gens = self.backend.generate(flat, self.params, seed=self.seed * 1_000_003 + self.calls)
-        except Exception as err:  # hand the failure to every waiting prompt instead of hanging them
-            for _, fut in batch:
-                fut.set_exception(err)
-            return
-        self.result.time["generate"] += time.perf_counter() - t0
-        self.calls += 1
-        i = 0
-        for prompts, fut in batch:
-            fut.set_result(gens[i: i + len(prompts)])
-            i += len(prompts)
-
-
 class TreeRolloutEngine:
-    def __init__(
-        self,
-        backend: PolicyBackend,
-        env_factory: Callable[[], AgentEnv],
-        predictor: Predictor,
-        plan: BudgetPlan,
-        params: SamplingParams = SamplingParams(),
-        seed: int = 0,
-    ):
-        self.backend, self.env_factory, self.predictor = backend, env_factory, predictor
-        self.plan, self.params, self.seed = plan, params, seed
-        self.fmt = ChatFormat(backend.tokenizer)
-        self.rng = np.random.default_rng(seed)
+    """Grows one step's trees over a candidate pool with a method, then updates the method's predictor."""
 
-    def grow(self, tasks: list[dict], method: Method, step: int = 0) -> StepResult:
-        """Grow one step's trees over the candidate pool `tasks` with `method`."""
-        return asyncio.run(self._grow(tasks, method, step))
+    def __init__(self, actor: Actor, predictor: Predictor, plan: BudgetPlan, seed: int = 0,
+                 prefix_share: float = 0.5, update_predictor: bool = True):
+        if not 0.0 <= prefix_share < 1.0:
+            raise ValueError(f"prefix_share must be in [0, 1), got {prefix_share}")
+        self.actor, self.predictor, self.plan, self.seed = actor, predictor, plan, seed
+        self.prefix_share, self.update_predictor = prefix_share, update_predictor
 
-    async def _grow(self, tasks: list[dict], method: Method, step: int) -> StepResult:
+    def grow(self, tasks: Sequence, method: Method, step: int = 0) -> StepResult:
+        """`agrow` from synchronous code; inside a running event loop, use `await engine.agrow(...)`."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.agrow(tasks, method, step))
+        raise RuntimeError("grow() was called inside a running event loop; use `await engine.agrow(...)`")
+
+    async def agrow(self, tasks: Sequence, method: Method, step: int = 0) -> StepResult:
         start = time.perf_counter()
-        trees = [RolloutTree(i, prompt=task) for i, task in enumerate(tasks)]
-        result = StepResult(trees)
+        trees = [self.actor.tree(i, task) for i, task in enumerate(tasks)]
+        result, clock = StepResult(method.name, step, trees), Clock()
         self._t0 = start
+
         t0 = time.perf_counter()
         v = self.predictor.predict([(t, t.root_id) for t in trees])
-        result.time["predictor"] += time.perf_counter() - t0
+        clock.add("predictor", time.perf_counter() - t0)
         t0 = time.perf_counter()
-        m = allocate_method_roots(method, v, self.plan, seed=self.seed * 100_003 + step)
-        result.time["allocate"] += time.perf_counter() - t0
-        batcher = _MicroBatcher(self.backend, self.params, result, self.seed * 7_919 + step)
-        jobs = []
-        for i, (tree, task, mi) in enumerate(zip(trees, tasks, m)):
-            tree.root.predicted = float(v[i])
-            if mi > 0:
-                jobs.append(self._grow_prompt(i, tree, task, int(mi), method, batcher, result))
-        await asyncio.gather(*jobs)
-        for tree in trees:
-            if tree.root.children:
-                tree.compute_targets()
-        result.time["total"] = time.perf_counter() - start
+        m = allocate_method_roots(method, v, self.plan, seed=derive_seed(self.seed, "roots", step))
+        clock.add("allocate", time.perf_counter() - t0)
+        for tree, vi in zip(trees, v):
+            tree.root.predicted = float(vi)
+
+        jobs = [(i, int(mi)) for i, mi in enumerate(m) if mi > 0]
+        self.actor.begin_step(len(jobs), clock)
+        await asyncio.gather(*(self._grow_prompt(i, trees[i], tasks[i], mi, method, step, result, clock)
+                               for i, mi in jobs))
+
+        active = result.active
+        for tree in active:
+            tree.compute_targets()
+        if self.update_predictor:
+            t0 = time.perf_counter()
+            rng = derive_rng(self.seed, "predictor-examples", step)
+            examples, targets = training_examples(active, self.prefix_share, rng)
+            result.predictor_loss = float(self.predictor.update(examples, targets)) if examples else None
+            clock.add("predictor", time.perf_counter() - t0)
+        clock.seconds["total"] = time.perf_counter() - start
+        result.time = dict(clock.seconds)
         return result
 
-    async def _grow_prompt(self, i, tree, task, mi, method, batcher, result) -> None:
-        t0 = time.perf_counter()
-        episodes = [start_episode(self.env_factory(), task, self.fmt) for _ in range(mi)]
-        result.time["env"] += time.perf_counter() - t0
-        tree.root.token_ids = list(episodes[0].token_ids)
-        tree.root.loss_mask = [0] * len(episodes[0].token_ids)
-        snapshots: dict[str, Episode] = {}
-        result.rollouts += mi
-        # await first, then add: `x += await ...` would read x before the await and lose other prompts' updates
-        tokens = await self._lockstep(tree, episodes, [tree.root_id] * mi, BARE, batcher, result,
-                                      snapshots if method.branches else None)
-        result.generated_tokens += tokens
-        result.events.append(("bare_done", i, time.perf_counter() - self._t0))
-        if not method.branches:
-            return
-        anchors = tree.anchors()
-        budget = mi * self.plan.branch_factor
-        if not anchors:
-            result.unspent_prefix_budget += budget
-            return
-        t0 = time.perf_counter()
-        values = self.predictor.predict([(tree, node.node_id) for node, _ in anchors])
-        result.time["predictor"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for (node, _), val in zip(anchors, values):
-            node.predicted = float(val)
-        q = prefix_flip_prob(np.array([r for _, r in anchors]), values)
-        k = allocate_method_prefixes(method, q, budget, self.rng)
-        branches, parents = [], []
-        for (node, _), kj in zip(anchors, k):
-            for _ in range(kj):
-                branches.append(snapshots[node.node_id].fork())
-                parents.append(node.node_id)
-        result.time["allocate"] += time.perf_counter() - t0
-        result.events.append(("stage2_start", i, time.perf_counter() - self._t0))
-        result.continuations += len(branches)
-        result.rollouts += len(branches)
-        tokens = await self._lockstep(tree, branches, parents, BRANCH, batcher, result, None)
-        result.generated_tokens += tokens
-        result.prefix_generated_tokens += tokens
+    async def _grow_prompt(self, i: int, tree: RolloutTree, task, mi: int, method: Method, step: int,
+                           result: StepResult, clock: Clock) -> None:
+        try:
+            seeds = [derive_seed(self.seed, "rollout", step, i, 0, j) for j in range(mi)]
+            episodes = self.actor.start(tree, task, seeds)
+            snapshots: dict[str, object] = {}
+            result.bare_rollouts += mi
+            # await first, then add: `x += await ...` would read x before the await and lose other prompts' updates
+            tokens = await self._lockstep(tree, episodes, [tree.root_id] * mi, BARE,
+                                          snapshots if method.branches else None)
+            result.generated_tokens += tokens
+            result.events.append(("bare_done", i, time.perf_counter() - self._t0))
+            if not method.branches:
+                return
+            anchors = tree.anchors()
+            budget = mi * self.plan.branch_factor
+            if not anchors:
+                result.unspent_prefix_budget += budget
+                return
+            t0 = time.perf_counter()
+            values = self.predictor.predict([(tree, node.node_id) for node, _ in anchors])
+            clock.add("predictor", time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for (node, _), val in zip(anchors, values):
+                node.predicted = float(val)
+            q = prefix_flip_prob(np.array([r for _, r in anchors]), values)
+            k = allocate_method_prefixes(method, q, budget, derive_rng(self.seed, "prefixes", step, i))
+            branches, parents = [], []
+            for (node, _), kj in zip(anchors, k):
+                for _ in range(kj):
+                    seed = derive_seed(self.seed, "rollout", step, i, 1, len(branches))
+                    branches.append(self.actor.fork(snapshots[node.node_id], seed))
+                    parents.append(node.node_id)
+            clock.add("allocate", time.perf_counter() - t0)
+            result.events.append(("stage2_start", i, time.perf_counter() - self._t0))
+            result.continuations += len(branches)
+            tokens = await self._lockstep(tree, branches, parents, BRANCH, None)
+            result.generated_tokens += tokens
+            result.prefix_generated_tokens += tokens
+        finally:
+            self.actor.end_prompt()
 
-    async def _lockstep(self, tree, episodes, parents, origin, batcher, result, snapshots) -> int:
+    async def _lockstep(self, tree: RolloutTree, episodes: list, parents: list[str], origin: str,
+                        snapshots: dict | None) -> int:
+        """Advance `episodes` one turn at a time until all are done, appending each turn under its parent."""
         generated = 0
         while True:
             live = [j for j, ep in enumerate(episodes) if not ep.done]
             if not live:
                 return generated
-            gens = await batcher.generate([episodes[j].token_ids for j in live])
-            for j, gen in zip(live, gens):
+            turns = await self.actor.advance([episodes[j] for j in live])
+            for j, fields in zip(live, turns):
                 ep = episodes[j]
-                t0 = time.perf_counter()
-                turn = apply_generation(ep, gen, self.fmt)
-                result.time["env"] += time.perf_counter() - t0
-                generated += len(gen.token_ids)
-                if not ep.done and len(ep.turns) >= ep.env.max_turns:
-                    ep.done = True
-                node = record_turn(tree, parents[j], turn, ep, origin, gen.stop_reason)
+                generated += len(fields.get("logprobs", ()))
+                node = tree.add_turn(parents[j], origin=origin, terminal=ep.done,
+                                     reward=float(ep.reward) if ep.done else None, **fields)
                 parents[j] = node.node_id
                 if snapshots is not None and not ep.done:
-                    snapshots[node.node_id] = ep.fork()
+                    snapshots[node.node_id] = self.actor.fork(ep, 0)  # the state to branch from later

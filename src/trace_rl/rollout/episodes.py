@@ -1,5 +1,6 @@
 """Run agent episodes in lockstep: each round, one batched backend call samples the next turn of every
-episode still running. Used by evaluation, SFT reporting and the tree rollout engine."""
+episode still running. Used by evaluation and the SFT report (the TRACE step has its own actor, `lm_actor`).
+Episode i's turn t samples from `derive_seed(seed, i, t)`, so results do not depend on the batch size."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Callable, Sequence
 
 from ..agent.react import ChatFormat, Episode, Turn, apply_generation
 from ..backends.base import Generation, PolicyBackend, SamplingParams
+from ..seeding import derive_seed
 from ..tree import RolloutTree, TurnNode
 
 
@@ -19,13 +21,13 @@ def run_lockstep(
     on_turn: Callable[[int, Turn, Episode, Generation], None] | None = None,
 ) -> int:
     """Advance every episode until it is done; returns the number of generated tokens."""
-    generated, round_ = 0, 0
+    generated = 0
     while True:
         live = [i for i, ep in enumerate(episodes) if not ep.done]
         if not live:
             return generated
-        gens = backend.generate([episodes[i].token_ids for i in live], params, seed=seed * 1_000_003 + round_)
-        round_ += 1
+        seeds = [derive_seed(seed, i, len(episodes[i].turns)) for i in live]
+        gens = backend.generate([episodes[i].token_ids for i in live], params, seeds=seeds)
         for i, gen in zip(live, gens):
             generated += len(gen.token_ids)
             turn = apply_generation(episodes[i], gen, fmt)

@@ -12,6 +12,7 @@ import numpy as np
 from ..agent.react import ChatFormat, start_episode
 from ..backends.base import PolicyBackend, SamplingParams
 from ..envs.calculator import CalculatorEnv
+from ..seeding import derive_seed
 from ..tree import BARE, RolloutTree
 from .episodes import record_turn, run_lockstep
 
@@ -32,7 +33,7 @@ def evaluate(backend: PolicyBackend, make_env, tasks: list[dict], params: Sampli
     for start in range(0, len(jobs), batch):
         chunk = jobs[start: start + batch]
         episodes = [start_episode(make_env(), tasks[i], fmt) for i, _ in chunk]
-        run_lockstep(episodes, backend, params, fmt, seed=seed + start)
+        run_lockstep(episodes, backend, params, fmt, seed=derive_seed(seed, "eval-chunk", start))
         for (i, _), ep in zip(chunk, episodes):
             correct[i] += ep.reward > 0.5
         done += len(chunk)
@@ -60,7 +61,8 @@ def success_by_difficulty(backend, tasks: list[dict], params: SamplingParams, se
         def on_turn(j, turn, ep, gen, i=i):
             heads[i + j] = record_turn(trees[i + j], heads[i + j], turn, ep, BARE, gen.stop_reason).node_id
 
-        run_lockstep(episodes[i: i + batch], backend, params, fmt, seed=seed + i, on_turn=on_turn)
+        run_lockstep(episodes[i: i + batch], backend, params, fmt, seed=derive_seed(seed, "report-chunk", i),
+                     on_turn=on_turn)
     out = {"overall": float(np.mean([e.reward for e in episodes]))}
     turns = [t for e in episodes for t in e.turns]
     out["well_formed"] = float(np.mean([not t.observation.startswith(("Invalid", "Unknown", "Error")) for t in turns]))

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..seeding import derive_rng
+
 DIFFICULTY_BANDS = {"easy": (0.0, 0.02), "medium": (0.1, 0.4), "hard": (0.85, 0.99)}
 
 
@@ -44,13 +46,13 @@ class TestbedConfig:
 
     num_kinds: int = 8  # task kinds, each with its own right action per turn
     num_actions: int = 4  # actions available at each turn
-    min_turns: int = 2
-    max_turns: int = 6
+    min_turns: int = 2  # shortest task horizon, in turns
+    max_turns: int = 6  # longest task horizon, in turns
     difficulty_mix: tuple[float, float, float] = (0.45, 0.10, 0.45)  # shares of easy, medium, hard tasks
     max_tolerance: int = 1  # tolerance drawn uniformly from 0..min(max_tolerance, horizon // 3)
     hint_noise: float = 0.05  # std of the noise on the visible difficulty hint
     stop_on_failure: bool = False  # end an episode at its first excess mistake (else it runs on, doomed)
-    seed: int = 0  # fixes the right-action table
+    seed: int = 0  # fixes the right-action table (simulate sets it to the run's seed)
 
     def __post_init__(self):
         if not 1 <= self.min_turns <= self.max_turns:
@@ -63,7 +65,7 @@ class TestbedConfig:
 
     def right_actions(self) -> np.ndarray:
         """right[kind, turn]: the action that can succeed at that turn."""
-        rng = np.random.default_rng(self.seed + 7919)
+        rng = derive_rng(self.seed, "right-actions")
         return rng.integers(self.num_actions, size=(self.num_kinds, self.max_turns))
 
 
@@ -132,6 +134,11 @@ class TestbedEnv:
         self.done = (failed and self.config.stop_on_failure) or self.turn == self.task.horizon
         reward = float(self.done and not failed)
         return obs, reward, self.done, {"turn": self.turn, "mistakes": self.mistakes}
+
+    @property
+    def reward(self) -> float:
+        """The episode's reward once done (1 when the mistakes stayed within the task's tolerance), else 0."""
+        return float(self.done and self.task is not None and self.mistakes <= self.task.tolerance)
 
     def fork(self) -> "TestbedEnv":
         """A copy that continues from this exact state with its own random stream."""

@@ -1,0 +1,169 @@
+"""Typed command configs: each command's settings are one dataclass (defaults and one-line docs live there and
+nowhere else), loaded as an OmegaConf structured config.
+
+`trace-rl CMD [--config FILE.yaml] [key=value ...]`: the file is merged over the defaults, then the dotted
+overrides (`budget.prompts=16`, `methods=grpo,trace`: a comma list fills a list setting). The older flag
+spellings still work: `--prefix-share 0.1` is the setting whose last name is `prefix_share`, `--ablation`
+alone means true. An unknown key or a bad value stops the command before any work with one line that names
+the key (`ConfigError`); the dataclasses' own checks (`__post_init__`) name the key they reject, and this
+module adds the group it sits in. `help_text` lists every key with its default and its doc, read from the
+comment beside the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+# old flag spellings whose last name is not the new key's
+FLAG_ALIASES = {"mix": "env.difficulty_mix", "predictor_warmup": "predictor.warmup", "predictor": "predictor.kind",
+                "minutes": "sft.max_minutes", "max_steps": "steps"}
+
+
+class ConfigError(ValueError):
+    """A bad setting: the message is one line that names it and what is allowed."""
+
+
+def _fields(cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def _nested(cls) -> dict[str, type]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in _fields(cls)}
+
+
+def _leaves(cls, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> annotated type, for every setting of `cls`."""
+    out = {}
+    for name, typ in _nested(cls).items():
+        if dataclasses.is_dataclass(typ):
+            out.update(_leaves(typ, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = typ
+    return out
+
+
+def _docs(cls) -> dict[str, str]:
+    """Field name -> the comment beside it in the class body."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\s+(\w+)\s*:[^#\n]*#\s*(.*)$", source, re.M)}
+
+
+def help_text(cls, command: str) -> str:
+    """Every key with its default and doc, grouped as in the dataclass."""
+    lines = [f"usage: trace-rl {command} [--config FILE.yaml] [key=value ...]", "", (cls.__doc__ or "").strip(), ""]
+
+    def walk(c, prefix: str, default_obj) -> None:
+        docs = _docs(c)
+        for f in _fields(c):
+            value = getattr(default_obj, f.name)
+            if dataclasses.is_dataclass(value):
+                lines.append(f"  {prefix}{f.name}.*   {(type(value).__doc__ or '').strip().splitlines()[0]}")
+                walk(type(value), f"{prefix}{f.name}.", value)
+            else:
+                shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else repr(value)
+                lines.append(f"    {prefix}{f.name}={shown}".ljust(44) + f"  {docs.get(f.name, '')}")
+
+    walk(cls, "", cls())
+    return "\n".join(lines)
+
+
+def _overrides(cls, argv: list[str]) -> tuple[str | None, list[str]]:
+    """(--config file, dotted key=value overrides) from the command line, old flag spellings resolved."""
+    leaves = _leaves(cls)
+    by_last: dict[str, list[str]] = {}
+    for key in leaves:
+        by_last.setdefault(key.rsplit(".", 1)[-1], []).append(key)
+    config_file, out, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config: needs a YAML file")
+            config_file, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--"):
+            name, _, value = arg[2:].partition("=")
+            name = name.replace("-", "_")
+            key = FLAG_ALIASES.get(name, name)
+            if key not in leaves:
+                hits = by_last.get(name, [])
+                if len(hits) != 1:
+                    raise ConfigError(f"--{arg[2:].split('=')[0]}: unknown setting; see `trace-rl ... --help`")
+                key = hits[0]
+            if not value:
+                takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("--") and "=" not in argv[i + 1]
+                if leaves[key] is bool and not takes_value:
+                    value, i = "true", i + 1
+                elif i + 1 < len(argv):
+                    value, i = argv[i + 1], i + 2
+                else:
+                    raise ConfigError(f"{key}: needs a value")
+            else:
+                i += 1
+            out.append(f"{key}={value}")
+            continue
+        if "=" not in arg:
+            raise ConfigError(f"{arg!r}: expected key=value (see --help)")
+        out.append(arg)
+        i += 1
+    fixed = []
+    for item in out:
+        key, _, value = item.partition("=")
+        if key not in leaves:
+            raise ConfigError(f"{key}: unknown setting; settings are {', '.join(sorted(leaves))}")
+        origin = typing.get_origin(leaves[key])
+        if origin in (list, tuple) and not value.strip().startswith("["):
+            value = "[" + ",".join(v.strip() for v in value.split(",") if v.strip()) + "]"
+        fixed.append(f"{key}={value}")
+    return config_file, fixed
+
+
+def _qualify(message: str, cls) -> str:
+    """Prefix a dataclass check's message ("steps must be ...") with the group path of the key it names."""
+    first = re.split(r"[\s:]", message.strip(), maxsplit=1)[0]
+    hits = [k for k in _leaves(cls) if k.rsplit(".", 1)[-1] == first]
+    return f"{hits[0]}: {message}" if len(hits) == 1 and hits[0] != first else message
+
+
+def load_config(cls, argv: list[str]):
+    """(the config object, its resolved YAML) from defaults, an optional file and overrides."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_file, dotlist = _overrides(cls, argv)
+    try:
+        cfg = OmegaConf.structured(cls)
+        if config_file:
+            path = Path(config_file)
+            if not path.is_file():
+                raise ConfigError(f"--config: no file {config_file}")
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "config"
+        msg = str(getattr(err, "msg", err)).strip().splitlines()[0]
+        raise ConfigError(f"{key}: {msg}") from None
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(_qualify(str(err), cls)) from None
+    return obj, OmegaConf.to_yaml(OmegaConf.structured(obj))
+
+
+def write_config(yaml_text: str, out_dir: str | Path) -> Path:
+    """The resolved config of a run, as `config.yaml` in its directory."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.yaml"
+    path.write_text(yaml_text)
+    return path

@@ -1,0 +1,155 @@
+"""The ReAct LM agent as an actor of the TRACE step: turns sampled by a token-in/token-out backend, environment
+steps run in a bounded thread pool off the event loop.
+
+Prompt tasks never call the model directly: they submit their episodes' histories to a micro-batcher that
+serves many prompts with one backend call. Two batching policies:
+- `round` (default): a call starts when every prompt still running is waiting for the model, so each batch
+  holds every live episode of the step. Batches are then the same on any machine at any speed, and a run
+  reproduces bit for bit. Environment steps of all prompts still run at once in the pool; a slow tool call
+  delays the next batch until it returns.
+- `eager`: a call starts as soon as anything is waiting (and the backend is free), so a slow tool call or a
+  prompt in stage 2 never holds the others back. Rows carry their own seeds, so what a row samples does not
+  depend on its batch; but batch shapes then vary with timing, and a backend whose fp32 logits depend on the
+  batch shape in the last bits can, rarely, flip a token. Choose it for throughput with slow tools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+from ..agent.react import ChatFormat, Episode, apply_generation, start_episode
+from ..backends.base import Generation, PolicyBackend, SamplingParams
+from ..envs.base import AgentEnv
+from ..seeding import derive_seed
+from ..tree import RolloutTree
+from .engine import Clock
+
+BATCHING = ("round", "eager")
+
+
+class _MicroBatcher:
+    """Collects generate requests from the step's prompt tasks and serves them with one backend call."""
+
+    def __init__(self, backend: PolicyBackend, params: SamplingParams, batching: str):
+        self.backend, self.params, self.batching = backend, params, batching
+        self.pending: list[tuple[list[list[int]], list[int], asyncio.Future]] = []
+        self.live, self.running, self.clock = 0, False, Clock()
+
+    def begin(self, prompts: int, clock: Clock) -> None:
+        self.live, self.pending, self.running, self.clock = prompts, [], False, clock
+
+    def end_prompt(self) -> None:
+        self.live -= 1
+        self._kick()
+
+    async def generate(self, prompts: list[list[int]], seeds: list[int]) -> list[Generation]:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((prompts, seeds, fut))
+        self._kick()
+        return await fut
+
+    def _kick(self) -> None:
+        if self.running or not self.pending:
+            return
+        if self.batching == "round" and len(self.pending) < self.live:
+            return  # someone is still stepping its environment or allocating: wait for its request
+        batch, self.pending, self.running = self.pending, [], True
+        asyncio.ensure_future(self._serve(batch))
+
+    async def _serve(self, batch) -> None:
+        flat = [p for prompts, _, _ in batch for p in prompts]
+        seeds = [s for _, row_seeds, _ in batch for s in row_seeds]
+        t0 = time.perf_counter()
+        try:
+            agenerate = getattr(self.backend, "agenerate", None)
+            if agenerate is not None:
+                gens = await agenerate(flat, self.params, seeds=seeds)
+            else:  # a synchronous backend: runs on the loop thread
+                gens = self.backend.generate(flat, self.params, seeds=seeds)
+        except Exception as err:  # hand the failure to every waiting prompt instead of hanging them
+            for _, _, fut in batch:
+                fut.set_exception(err)
+            return
+        finally:
+            self.clock.add("generate", time.perf_counter() - t0)
+            self.running = False
+        i = 0
+        for prompts, _, fut in batch:
+            fut.set_result(gens[i: i + len(prompts)])
+            i += len(prompts)
+        self._kick()
+
+
+class LMActor:
+    """Samples ReAct turns from `backend` in `env_factory()` environments."""
+
+    def __init__(self, backend: PolicyBackend, env_factory: Callable[[], AgentEnv], params: SamplingParams,
+                 batching: str = "round", env_workers: int = 8):
+        if batching not in BATCHING:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
+        if env_workers < 1:
+            raise ValueError(f"env_workers must be >= 1, got {env_workers}")
+        self.backend, self.env_factory, self.params = backend, env_factory, params
+        self.fmt = ChatFormat(backend.tokenizer)
+        self.batcher = _MicroBatcher(backend, params, batching)
+        self.env_workers = env_workers
+        self.clock = Clock()
+
+    def begin_step(self, prompts: int, clock: Clock) -> None:
+        self.clock = clock
+        self.batcher.begin(prompts, clock)
+
+    def end_prompt(self) -> None:
+        self.batcher.end_prompt()
+
+    def tree(self, index: int, task: dict) -> RolloutTree:
+        return RolloutTree(index, prompt=task)
+
+    def start(self, tree: RolloutTree, task: dict, seeds: Sequence[int]) -> list[Episode]:
+        self.clock.env_started()
+        try:
+            episodes = [start_episode(self.env_factory(), task, self.fmt) for _ in seeds]
+        finally:
+            self.clock.env_finished()
+        for ep, seed in zip(episodes, seeds):
+            ep.seed = seed
+        tree.root.token_ids = list(episodes[0].token_ids)
+        tree.root.loss_mask = [0] * len(episodes[0].token_ids)
+        return episodes
+
+    def fork(self, episode: Episode, seed: int) -> Episode:
+        twin = episode.fork()
+        twin.seed = seed
+        return twin
+
+    async def advance(self, episodes: Sequence[Episode]) -> list[dict]:
+        seeds = [derive_seed(ep.seed, len(ep.turns)) for ep in episodes]
+        gens = await self.batcher.generate([ep.token_ids for ep in episodes], seeds)
+        loop = asyncio.get_running_loop()
+        pool = self._pool()
+        turns = await asyncio.gather(*(loop.run_in_executor(pool, self._step, ep, gen)
+                                       for ep, gen in zip(episodes, gens)))
+        return [
+            {"thought": t.thought, "action": t.action, "observation": t.observation, "token_ids": t.token_ids,
+             "loss_mask": t.loss_mask, "logprobs": t.logprobs, "info": {"stop_reason": gen.stop_reason}}
+            for t, gen in zip(turns, gens)
+        ]
+
+    def _step(self, ep: Episode, gen: Generation):
+        self.clock.env_started()
+        try:
+            turn = apply_generation(ep, gen, self.fmt)
+            if not ep.done and len(ep.turns) >= ep.env.max_turns:
+                ep.done = True  # the env enforces its limit; this guards envs that do not
+            return turn
+        finally:
+            self.clock.env_finished()
+
+    def _pool(self) -> ThreadPoolExecutor:
+        # one pool per actor, created on first use; threads are daemon-like and idle between steps
+        if getattr(self, "_executor", None) is None:
+            self._executor = ThreadPoolExecutor(self.env_workers, thread_name_prefix="trace-env")
+        return self._executor

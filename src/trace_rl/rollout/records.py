@@ -1,0 +1,185 @@
+"""One metrics record per method and step, one writer, one reader: every command logs the same schema.
+
+A record is flat JSON with slash-namespaced keys (verl's and TRL's convention):
+- `method`, `step`, `seed`
+- `rollout/*`: what the trees hold: effective_ratio (share of active prompts with a success and a failure),
+  contrast_groups and contrast_groups_per_1k (per 1,000 rollouts), success_rate, rollouts, bare_rollouts,
+  continuations, flips (continuations that ended unlike their bare rollout), turns, prefix_turns,
+  generated_tokens, prefix_generated_tokens
+- `alloc/*`: how the budget was placed: pool, active_prompts, prefix_share (continuations / rollouts),
+  unspent_prefix_budget
+- `predictor/*`: loss of the update, spearman_root, spearman_depth_1, spearman_prefix, ece, brier
+- `timing_s/*`: generate, env, predictor, allocate, total, overhead, and what the command adds (update, eval)
+- `eval/*` and `train/*`: added by the command when it evaluates or trains (e.g. eval/accuracy)
+Summaries, plots and `diagnose` read these keys only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
+from ..predictors.diagnostics import node_records, spearman, step_diagnostics
+from .engine import StepResult
+
+GROUPS = ("rollout", "alloc", "predictor", "timing_s", "eval", "train")
+
+
+@dataclass
+class StepRecord:
+    method: str
+    step: int
+    seed: int = 0
+    rollout: dict = field(default_factory=dict)
+    alloc: dict = field(default_factory=dict)
+    predictor: dict = field(default_factory=dict)
+    timing_s: dict = field(default_factory=dict)
+    eval: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)
+
+    def flat(self) -> dict:
+        out: dict = {"method": self.method, "step": self.step, "seed": self.seed}
+        for group in GROUPS:
+            out.update({f"{group}/{k}": v for k, v in getattr(self, group).items()})
+        return out
+
+
+def _spearman_depth_1(trees: list) -> dict:
+    recs = [r for r in node_records(trees) if r["depth"] == 1]
+    if len(recs) < 3:
+        return {}
+    rho = spearman(np.array([r["predicted"] for r in recs]), np.array([r["target"] for r in recs]))[0]
+    return {"spearman_depth_1": float(rho)} if rho == rho else {}
+
+
+def step_record(result: StepResult, seed: int = 0) -> StepRecord:
+    """The record of one step, from its trees and what the engine counted."""
+    trees, active = result.trees, result.active
+    budget = tree_budget(active)
+    flips, _ = continuation_flips(active)
+    rollouts = result.rollouts
+    diag = {k.removeprefix("diag_"): v for k, v in step_diagnostics(active).items()}
+    diag.update(_spearman_depth_1(active))
+    if result.predictor_loss is not None:
+        diag["loss"] = result.predictor_loss
+    groups = contrast_groups(active)
+    return StepRecord(
+        method=result.method, step=result.step, seed=seed,
+        rollout={
+            "effective_ratio": effective_ratio(trees), "contrast_groups": groups,
+            "contrast_groups_per_1k": 1000.0 * groups / max(rollouts, 1), "success_rate": mean_reward(active),
+            "rollouts": rollouts, "bare_rollouts": result.bare_rollouts, "continuations": result.continuations,
+            "flips": flips, "turns": budget.turns, "prefix_turns": budget.prefix_turns,
+            "generated_tokens": result.generated_tokens, "prefix_generated_tokens": result.prefix_generated_tokens,
+        },
+        alloc={
+            "pool": len(trees), "active_prompts": len(active),
+            "prefix_share": result.continuations / max(rollouts, 1),
+            "unspent_prefix_budget": result.unspent_prefix_budget,
+        },
+        predictor=diag,
+        timing_s={**result.time, "overhead": result.overhead},
+    )
+
+
+class MetricsWriter:
+    """Appends flat records to `path` as JSON-lines; opening truncates, so a rerun into the same directory
+    never mixes with an earlier run's records."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("")
+
+    def write(self, record: StepRecord | dict) -> None:
+        flat = record.flat() if isinstance(record, StepRecord) else record
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(flat) + "\n")
+
+
+def read_metrics(path: str | Path) -> dict[str, list[dict]]:
+    """Records of a metrics.jsonl by method, in step order."""
+    out: dict[str, list[dict]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{lineno}: not JSON") from None
+            out.setdefault(rec["method"], []).append(rec)
+    return out
+
+
+def average_runs(runs: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
+    """Step-wise mean of every numeric field over runs with different seeds (same methods and steps)."""
+    out: dict[str, list[dict]] = {}
+    for name in runs[0]:
+        out[name] = []
+        for step, first in enumerate(runs[0][name]):
+            recs = [run[name][step] for run in runs]
+            avg = {}
+            for k, v in first.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and all(k in r for r in recs):
+                    v = float(np.mean([r[k] for r in recs]))
+                avg[k] = v
+            avg["step"] = step
+            out[name].append(avg)
+    return out
+
+
+def _mean(recs: Iterable[dict], key: str) -> float:
+    vals = [r[key] for r in recs if key in r]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def summarize(results: dict[str, list[dict]], baseline: str | None = None) -> list[dict]:
+    """One row per method: effective ratio (and vs the baseline, whole run and second half), contrast groups
+    per 1k rollouts, flips per continuation, final held-out accuracy where evaluated, budget and time."""
+    names = list(results)
+    baseline = baseline if baseline in results else ("grpo" if "grpo" in results else names[0])
+    rows = []
+    for name, recs in results.items():
+        total = lambda key: float(sum(r.get(key, 0) for r in recs))  # noqa: E731
+        rollouts, continuations = total("rollout/rollouts"), total("rollout/continuations")
+        second = recs[len(recs) // 2:]
+        acc = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
+        row = {"method": name}
+        if acc:
+            row["final_accuracy"] = acc[-1]
+        row.update({
+            "effective_ratio": _mean(recs, "rollout/effective_ratio"),
+            "er_second_half": _mean(second, "rollout/effective_ratio"),
+            "groups_per_1k": 1000.0 * total("rollout/contrast_groups") / max(rollouts, 1),
+            "flip_rate": total("rollout/flips") / continuations if continuations else float("nan"),
+            "rollouts": int(rollouts),
+            "turns": int(total("rollout/turns")),
+            "tokens": int(total("rollout/generated_tokens")),
+            "prefix_share": continuations / max(rollouts, 1),
+            "overhead_pct": 100 * total("timing_s/overhead") / max(total("timing_s/total"), 1e-12),
+            "wall_s": total("timing_s/total") + total("timing_s/update") + total("timing_s/eval"),
+        })
+        rows.append(row)
+    base = next(r for r in rows if r["method"] == baseline)
+    for r in rows:
+        for key, label in (("effective_ratio", ""), ("er_second_half", "_2nd_half")):
+            r[f"vs_{baseline}{label}"] = r[key] / base[key] if base[key] else float("nan")
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table: first column left-aligned, floats to 3 decimals."""
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+    cells = [[f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+
+    def line(vals):
+        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(vals, widths)))
+
+    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
