@@ -112,7 +112,8 @@ def read_rows(path: str | Path) -> list[dict]:
     if isinstance(data, dict):  # one row on one line, the only row of a JSON-lines file
         return [data]
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of rows, JSON lines, or {{column: {{row: value}}}}")  # noqa: TRY004 (bad file, not bad call)
+        # a bad file, not a bad call: ValueError like every other unreadable file
+        raise ValueError(f"{path}: expected a JSON list of rows, JSON lines, or {{column: {{row: value}}}}")  # noqa: TRY004
     return data
 
 
@@ -193,7 +194,8 @@ def row_to_task(row: dict, source: str = "", index: int = 0) -> dict:
     answer/answers/golden_answers/final_answer/ground_truth column.
     """
     if not isinstance(row, dict):
-        raise ValueError(f"row {index}: expected an object, got {type(row).__name__}")  # noqa: TRY004 (load_tasks skips it)
+        # ValueError: load_tasks skips unusable rows by catching it
+        raise ValueError(f"row {index}: expected an object, got {type(row).__name__}")  # noqa: TRY004
     row = _plain(row)
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     messages = row.get("prompt") if isinstance(row.get("prompt"), list) else []
