@@ -113,7 +113,7 @@ def read_rows(path: str | Path) -> list[dict]:
         return [data]
     if not isinstance(data, list):
         # a bad file, not a bad call: ValueError like every other unreadable file
-        raise ValueError(f"{path}: expected a JSON list of rows, JSON lines, or {{column: {{row: value}}}}")  # noqa: TRY004
+        raise ValueError(f"{path}: expected a list of rows, JSON lines, or {{column: {{row: value}}}}")  # noqa: TRY004
     return data
 
 
