@@ -124,12 +124,12 @@ def search_r1_row():  # Search-R1 scripts/data_process/nq_search.py; FlashRAG's 
 def verl_search_r1_row(spec_key="reward_model"):
     """verl examples/data_preprocess/preprocess_search_r1_dataset.py (spec_key reward_model) and SkyRL
     examples/train/search/searchr1_dataset.py (reward_spec, env_class): both rewrite Search-R1's rows."""
-    tag = "<tool_call> query </tool_call>" if spec_key == "reward_model" else "<search> query </search>"
-    prefix = (
+    call, result = ("tool_call", "tool_response") if spec_key == "reward_model" else ("search", "information")
+    prefix = (  # DEFAULT_USER_CONTENT_PREFIX of each script
         "Answer the given question. You must conduct reasoning inside <think> and </think> first every time "
-        f"you get new information. After reasoning, if you find you lack some knowledge, you can call a search "
-        f"engine by {tag} and it will return the top searched results between <tool_response> and "
-        "</tool_response>. You can search as many times as you want. If you find no further external knowledge "
+        "you get new information. After reasoning, if you find you lack some knowledge, you can call a search "
+        f"engine by <{call}> query </{call}> and it will return the top searched results between <{result}> and "
+        f"</{result}>. You can search as many times as you want. If you find no further external knowledge "
         "needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
         "illustrations. For example, <answer> Beijing </answer>. Question: "
     )
