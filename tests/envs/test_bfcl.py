@@ -1,8 +1,12 @@
+import ast
+import collections
+import itertools
+
 import pytest
 
 pytest.importorskip("bfcl_eval")
 
-from trace_rl.envs.bfcl_env import CATEGORIES, BFCLEnv, load_bfcl, replay_ground_truth  # noqa: E402
+from trace_rl.envs.bfcl_env import CATEGORIES, BFCLEnv, bfcl_root, load_bfcl, replay_ground_truth  # noqa: E402
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
@@ -31,8 +35,142 @@ def test_miss_func_hides_then_reveals_functions():
     entry = load_bfcl("multi_turn_miss_func", limit=1)[0]
     env = BFCLEnv()
     env.reset(entry)
-    (turn, names), = entry["missed_function"].items()
+    ((turn, names),) = entry["missed_function"].items()
     assert not set(names) & env.visible
     for _ in range(int(turn)):
         env.step("Action: done[]")
     assert set(names) <= env.visible
+
+
+# -- the official runner's verdicts on perturbed trajectories ------------------------------------------------------
+# bfcl_eval's eval_runner module imports every provider SDK at import time, so its entry-level scorer is taken from
+# the installed source and run as it is, with the names it uses; the test therefore follows the installed version.
+HARMLESS = {  # a read-only call per backend class
+    "GorillaFileSystem": "pwd()",
+    "MathAPI": "absolute_value(number=-2)",
+    "MessageAPI": "list_users()",
+    "TwitterAPI": "posting_get_login_status()",
+    "TicketAPI": "ticket_get_login_status()",
+    "TradingBot": "get_current_time()",
+    "TravelAPI": "travel_get_login_status()",
+    "VehicleControlAPI": "get_current_speed()",
+}
+_oracle_runs = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def official_scorer():
+    from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker_module
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    source = (bfcl_root() / "eval_checker" / "eval_runner.py").read_text()
+    (node,) = [n for n in ast.parse(source).body if getattr(n, "name", "") == "_evaluate_single_multi_turn_entry"]
+    namespace = {
+        "multi_turn_checker": checker_module.multi_turn_checker,
+        "is_empty_execute_response": multi_turn_utils.is_empty_execute_response,
+        "BaseHandler": object,
+    }  # only its annotation names it
+    exec(compile(ast.Module([node], []), "eval_runner.py", "exec"), namespace)  # noqa: S102 (the package's own code)
+    evaluate = namespace["_evaluate_single_multi_turn_entry"]
+
+    class Decoded:  # the trajectories below are already lists of call strings, what decode_execute returns
+        @staticmethod
+        def decode_execute(result, has_tool_call_tag):
+            return result
+
+    def score(entry: dict, trajectory: list[list[list[str]]]) -> bool:
+        results = []
+        for steps in trajectory:  # the inference loop: past the step limit the run is force-quit
+            results.append(steps[: MAXIMUM_STEP_LIMIT + 1])
+            if len(steps) > MAXIMUM_STEP_LIMIT:
+                break
+        name = f"official_oracle{next(_oracle_runs)}"
+        prompt = {k: entry[k] for k in ("id", "initial_config", "involved_classes")}
+        try:
+            return evaluate(Decoded, entry["id"], results, entry["answer"], prompt, name, entry["category"])["valid"]
+        finally:
+            for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
+                del vars(multi_turn_utils)[key]
+
+    return score
+
+
+def env_verdict(entry: dict, trajectory: list[list[list[str]]]) -> bool:
+    env = BFCLEnv()
+    env.reset(entry)
+    for steps in trajectory:
+        for calls in steps:
+            _, reward, done, _ = env.step("Action: call[" + ", ".join(calls) + "]")
+            if done:
+                return reward == 1.0
+        _, reward, done, _ = env.step("Action: done[]")
+        if done:
+            return reward == 1.0
+    raise AssertionError("the episode did not end with its last turn")
+
+
+def perturbations(entry: dict) -> dict[str, list[list[list[str]]]]:
+    truth = entry["answer"]
+    gt = [[calls] if calls else [] for calls in truth]
+    harmless = HARMLESS[entry["involved_classes"][0]]
+    first = next(i for i, calls in enumerate(truth) if calls)
+    out = {"ground truth": gt, "one call per step": [[[c] for c in calls] for calls in truth]}
+    out["extra harmless call in the last turn"] = gt[:-1] + [gt[-1] + [[harmless]]]
+    dropped = [list(steps) for steps in gt]
+    dropped[first] = [truth[first][:-1]] if len(truth[first]) > 1 else []
+    out["last call of the first busy turn dropped"] = dropped
+    if len(truth) > 1:
+        out["first turn's calls made a turn late"] = [[]] + [gt[0] + gt[1]] + gt[2:]
+    if "GorillaFileSystem" in entry["involved_classes"]:
+        out["extra mkdir in the first turn"] = [gt[0] + [["mkdir(dir_name='trace_rl_extra')"]]] + gt[1:]
+    out["21 steps in the first turn"] = [[[harmless]] * 20 + gt[0]] + gt[1:]
+    out["20 steps in the first turn"] = [[[harmless]] * 19 + gt[0]] + gt[1:]
+    return out
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_verdicts_equal_the_official_runner_on_perturbed_trajectories(category, official_scorer):
+    seen = collections.Counter()
+    for entry in load_bfcl(category, limit=12):
+        for label, trajectory in perturbations(entry).items():
+            official = official_scorer(entry, trajectory)
+            assert env_verdict(entry, trajectory) == official, (entry["id"], label)
+            seen[official] += 1
+    assert seen[True] and seen[False]  # both verdicts occur, so the comparison can tell them apart
+
+
+@pytest.mark.parametrize("category", ["multi_turn_miss_func", "multi_turn_miss_param"])
+def test_a_harmless_call_in_the_turn_without_expected_calls_is_valid_as_officially(category, official_scorer):
+    for entry in load_bfcl(category):
+        empty = next(i for i, calls in enumerate(entry["answer"]) if not calls)
+        trajectory = [[calls] if calls else [] for calls in entry["answer"]]
+        trajectory[empty] = [[HARMLESS[entry["involved_classes"][0]]]]
+        assert env_verdict(entry, trajectory) == official_scorer(entry, trajectory) is True, entry["id"]
+
+
+def test_step_limit_is_the_official_one_and_force_quit_fails_the_run():
+    entry = load_bfcl("multi_turn_base", limit=1)[0]
+    env = BFCLEnv()
+    env.reset(entry)
+    assert env.steps_per_turn == 20
+    for _ in range(20):
+        assert env.step("Action: call[pwd()]")[2] is False
+    obs, reward, done, info = env.step("Action: call[pwd()]")
+    assert done and reward == 0.0 and info["verdict"]["error_type"] == "multi_turn:force_terminated"
+    assert "Forced to quit after 20 steps" in obs
+    with pytest.raises(ValueError, match="steps_per_turn"):
+        BFCLEnv(steps_per_turn=0)
+
+
+def test_calls_with_non_literal_arguments_never_reach_the_checker(tmp_path):
+    entry = load_bfcl("multi_turn_base", limit=1)[0]
+    env = BFCLEnv()
+    env.reset(entry)
+    marker = tmp_path / "ran"
+    env.step(f"Action: call[mkdir(dir_name=open({str(marker)!r}, 'w').name)]")
+    env.step("Action: call[no_such_function()]")
+    assert env.calls[0] == []
+    for _ in entry["question"]:
+        *_, done, _ = env.step("Action: done[]")
+    assert done and not marker.exists()

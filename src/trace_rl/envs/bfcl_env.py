@@ -10,7 +10,18 @@ are created fresh for every rollout and deep-copied on fork: BFCL's own executor
 globals keyed by model name and entry id, which would leak state across rollouts. Calls are parsed with
 `ast` and arguments must be literals (nothing is eval'ed). The reward is BFCL's own verdict: its
 multi_turn_checker (state and response checks per turn, run under a unique model name whose cached
-globals are removed afterwards) and its irrelevance checker for turns that must not call anything.
+globals are removed afterwards).
+
+Scoring follows the official runner of the installed bfcl-eval (eval_checker/eval_runner.py,
+_evaluate_single_multi_turn_entry): a run that was force-quit before its last turn fails, anything else gets
+multi_turn_checker's verdict. The runner stopped calling multi_turn_irrelevance_checker in 2024 (BFCL
+changelog), so an extra harmless call in a turn that expects none is valid here as it is there. A turn allows
+the runner's step limit (MAXIMUM_STEP_LIMIT, 20): the step after it still runs, then the episode is force-quit,
+as the runner does. Functions that miss_func holds back are missing from the prompt until their turn, but
+run when called, as in the runner (some ground truths call one early: multi_turn_miss_func_49 calls `tail`).
+One difference remains: the runner ends a turn on output it cannot decode; this environment answers with an
+error and lets the agent retry (those steps count towards the limit). Only calls this environment executed
+are recorded for the checker, which `eval`s them: calls with non-literal arguments never reach it.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from pathlib import Path
 
 from .base import parse_action
 
+STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT; BFCLEnv() reads the installed value
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
 TOOLS = ("call", "done")
 _run_ids = itertools.count()
@@ -88,8 +100,12 @@ def describe(doc: dict) -> str:
 
 
 class BFCLEnv:
-    def __init__(self, steps_per_turn: int = 4):
-        self.steps_per_turn = steps_per_turn
+    def __init__(self, steps_per_turn: int | None = None):
+        """steps_per_turn: the per-turn step limit; None means the official runner's (20)."""
+        if steps_per_turn is not None and (not isinstance(steps_per_turn, int) or steps_per_turn < 1):
+            raise ValueError(f"steps_per_turn must be a positive integer or None, got {steps_per_turn!r}")
+        self.steps_per_turn = steps_per_turn or _official_step_limit()
+        self.force_quit = False
         self.task: dict | None = None
         self.done = True
 
@@ -107,7 +123,7 @@ class BFCLEnv:
     def reset(self, task: dict) -> str:
         from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
 
-        self.task, self.done = task, False
+        self.task, self.done, self.force_quit = task, False, False
         self.turn_index, self.steps_in_turn, self.turn = 0, 0, 0
         self.calls: list[list[list[str]]] = [[] for _ in task["question"]]
         long_context = "long_context" in task["category"]
@@ -121,7 +137,8 @@ class BFCLEnv:
         missed = {n for names in task.get("missed_function", {}).values() for n in names}
         excluded = set(task.get("excluded_function", []))
         self.visible = {n for n in self.docs if n not in missed | excluded}
-        self.max_turns = len(task["question"]) * self.steps_per_turn
+        # each turn ends at the latest on the step after the limit (the official runner's force quit)
+        self.max_turns = len(task["question"]) * (self.steps_per_turn + 1)
         return self._user_turn()
 
     def _user_turn(self) -> str:
@@ -147,7 +164,9 @@ class BFCLEnv:
             obs = None
         else:
             obs = parsed.error
-        if parsed.tool == "done" or self.steps_in_turn >= self.steps_per_turn:
+        if parsed.tool != "done" and self.steps_in_turn > self.steps_per_turn:
+            return self._force_quit(obs, info)
+        if parsed.tool == "done":
             self.turn_index += 1
             self.steps_in_turn = 0
             if self.turn_index >= len(self.task["question"]):
@@ -178,8 +197,8 @@ class BFCLEnv:
         results, strings, ok = [], [], True
         for node in nodes:
             name = node.func.id
-            strings.append(ast.unparse(node))
-            owner = next((o for o in self.instances.values() if name in self.visible and hasattr(o, name)
+            # functions hidden in miss_func are left out of the prompt but run when called, as in the runner
+            owner = next((o for o in self.instances.values() if hasattr(o, name)
                           and not name.startswith("_") and inspect.ismethod(getattr(o, name))), None)
             if owner is None:
                 results.append(f"Error: no function named {name!r} is available")
@@ -192,40 +211,58 @@ class BFCLEnv:
                 results.append(f"Error: arguments of {name} must be literal values")
                 ok = False
                 continue
+            strings.append(ast.unparse(node))  # recorded for the checker only once it has run here
             try:
                 out = getattr(owner, name)(*args, **kwargs)
                 results.append(out if isinstance(out, str) else json.dumps(out, default=str))
             except Exception as err:  # the backend's own error, shown as BFCL shows it
                 results.append(f"Error during execution: {err}")
-        self.calls[self.turn_index].append(strings)
+        if strings:  # the runner drops steps that decode to no call
+            self.calls[self.turn_index].append(strings)
         return "\n".join(str(r) for r in results), ok
 
-    def score(self) -> tuple[float, dict]:
-        """BFCL's verdict on this episode's calls (state + response checks, then irrelevance)."""
-        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
-        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (
-            multi_turn_checker,
-            multi_turn_irrelevance_checker,
-        )
+    def _force_quit(self, obs: str, info: dict) -> tuple[str, float, bool, dict]:
+        """The runner's answer to a turn past the step limit: stop the episode here and score what was done."""
+        self.done = self.force_quit = True
+        reward, info["verdict"] = self.score()
+        note = f"Forced to quit after {self.steps_per_turn} steps in one turn. Episode finished."
+        return f"{obs}\n{note}", reward, True, info
 
+    def score(self) -> tuple[float, dict]:
+        """BFCL's verdict on this episode's calls, by the official runner's path (see the module docstring)."""
+        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+        truth = self.task["answer"]
+        calls = self.calls[: self.turn_index + 1] if self.force_quit else self.calls
+        if len(calls) != len(truth):
+            message = f"force-quit in turn {len(calls) - 1} of {len(truth)}"
+            return 0.0, {"valid": False, "error_type": "multi_turn:force_terminated", "error_message": message}
         name = f"trace_rl_run{next(_run_ids)}"
         entry = {k: self.task[k] for k in ("id", "initial_config", "involved_classes")}
         try:
-            verdict = multi_turn_checker(self.calls, self.task["answer"], entry, self.task["category"], name)
-            if verdict["valid"]:
-                verdict = multi_turn_irrelevance_checker(self.calls, self.task["answer"])
-        except Exception as err:  # the checker asserts on malformed inputs; that is a failed episode
+            verdict = multi_turn_checker(calls, truth, entry, self.task["category"], name)
+        except Exception as err:  # noqa: BLE001 (the checker asserts on malformed inputs; a failed episode)
             verdict = {"valid": False, "error_message": f"checker error: {err}"}
         finally:
             for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
                 del vars(multi_turn_utils)[key]
-        return float(verdict["valid"]), {k: v for k, v in verdict.items() if k in ("valid", "error_message", "error_type")}
+        kept = {k: v for k, v in verdict.items() if k in ("valid", "error_message", "error_type")}
+        return float(verdict["valid"]), kept
+
+
+def _official_step_limit() -> int:
+    try:
+        from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT
+    except ImportError:  # the environment cannot run without bfcl-eval; reset() says so
+        return STEP_LIMIT
+    return int(MAXIMUM_STEP_LIMIT)
 
 
 def replay_ground_truth(task: dict, corrupt: bool = False) -> float:
     """Run the ground-truth calls through a fresh env (optionally with the last call of the first non-empty
     turn dropped) and return BFCL's verdict; used to show the env and the checker agree."""
-    env = BFCLEnv(steps_per_turn=3)
+    env = BFCLEnv()
     env.reset(task)
     corrupted = False
     reward = 0.0

@@ -1,28 +1,65 @@
-"""Task loaders: verl/SkyRL-style rows (parquet or JSON-lines) and the offline sets in shared/data.
+"""Task loaders: rows as verl, SkyRL and Search-R1 write them (parquet, JSON lines, JSON), and the offline sets in
+shared/data.
 
-Every loader returns task dicts with at least 'question', 'answer' (a string or a list of accepted answers)
-and 'data_source'; the original row is kept under 'extra_info' where it has more. Bad files give one error
-that names the file and line.
+Every loader returns task dicts with 'question', 'answer' (a string, or a list of accepted answers) and
+'data_source'; 'system' when the row has a system message, and the row's 'extra_info' when it has one.
+
+Trade-offs and limits:
+- The question is the bare question, not the upstream prompt: upstream templates name their own tool syntax
+  (`<search>`, `<tool_call>`, "####"), which contradicts this package's `Action: tool[...]` format. The bare
+  question comes from a `question`/`problem` column, else `extra_info.question` when the prompt wraps it, else
+  the last user message with a known upstream template removed (the templates are listed below with the
+  script that writes each). A prompt in an unknown template is kept whole.
+- An answer is a list of alternatives only when the row holds a real list (a JSON array, a parquet list
+  column, Search-R1's `{"target": [...]}`), or a string that is a Python/JSON list of strings (what
+  `str(list)` writes when a list column went through CSV). Any other string is one answer: MATH writes
+  intervals and tuples such as `[-9, 9]` as strings, and they must not split into `-9` or `9`.
+- Rows read with pandas hold numpy arrays and numpy scalars; they are turned into plain lists and numbers.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import math
 import os
+import re
 import sys
 from pathlib import Path
 
 MATH_FILES = {
-    "aime24": "math/eval/aime.json", "amc23": "math/eval/amc23.jsonl", "amc": "math/eval/amc.json",
-    "math500": "math/eval/math.json", "minerva": "math/eval/minerva.json",
-    "olympiadbench": "math/eval/olympiad_bench.json", "aime-train": "math/train/aime.jsonl",
+    "aime24": "math/eval/aime.json",
+    "amc23": "math/eval/amc23.jsonl",
+    "amc": "math/eval/amc.json",
+    "math500": "math/eval/math.json",
+    "minerva": "math/eval/minerva.json",
+    "olympiadbench": "math/eval/olympiad_bench.json",
+    "aime-train": "math/train/aime.jsonl",
     "math-train": "math/train/math.jsonl",
 }
 QA_FILES = {
-    "hotpotqa": "qa/eval/hotpotqa_500.jsonl", "2wiki": "qa/eval/2wiki_500.jsonl", "musique": "qa/eval/musique_500.jsonl",
-    "bamboogle": "qa/eval/bamboogle.jsonl", "qa-train-1": "qa/train/stage_1.jsonl", "qa-train-2": "qa/train/stage_2.jsonl",
+    "hotpotqa": "qa/eval/hotpotqa_500.jsonl",
+    "2wiki": "qa/eval/2wiki_500.jsonl",
+    "musique": "qa/eval/musique_500.jsonl",
+    "bamboogle": "qa/eval/bamboogle.jsonl",
+    "qa-train-1": "qa/train/stage_1.jsonl",
+    "qa-train-2": "qa/train/stage_2.jsonl",
     "hotpotqa-dev-full": "qa/eval/hotpotqa_dev_full.json",
 }
+
+# Instructions that upstream preprocessing scripts append to the question.
+TEMPLATE_SUFFIXES = (
+    # verl examples/data_preprocess/gsm8k.py; SkyRL examples/train/gsm8k/gsm8k_dataset.py
+    ' Let\'s think step by step and output the final answer after "####".',
+    # verl examples/data_preprocess/gsm8k_multiturn_w_tool.py (and the tool_agent_loop / interaction variants)
+    " Let's think step by step and output the final answer after `####`.",
+    # verl examples/data_preprocess/math_dataset.py
+    " Let's think step by step and output the final answer within \\boxed{}.",
+)
+# The instruction that Search-R1 (scripts/data_process/nq_search.py, qa_search_*_merge.py), verl
+# (examples/data_preprocess/preprocess_search_r1_dataset.py) and SkyRL (examples/train/search/searchr1_dataset.py)
+# put before the question; they differ in the tool tags and in "as your want" / "as you want".
+SEARCH_R1_PREFIX = re.compile(r"\AAnswer the given question\. .*?<answer> Beijing </answer>\. Question: ", re.DOTALL)
 
 
 def data_root() -> Path:
@@ -38,73 +75,163 @@ def data_root() -> Path:
     raise FileNotFoundError("no shared/data found; set TRACE_RL_DATA to the folder that holds math/ and qa/")
 
 
+def _json_lines(path: Path, text: str) -> list:
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+    return rows
+
+
 def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a .jsonl, .json (a list) or .parquet file."""
+    """Rows of a .jsonl, .json or .parquet file.
+
+    A .json file may hold a list of rows, JSON lines (what `datasets.Dataset.to_json` writes), or pandas'
+    default `to_json` layout ({column: {row: value}}).
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no such data file: {path}")
     if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
-        return pq.read_table(path).to_pylist()
-    if path.suffix == ".json":
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
+        return _read_parquet(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".json":
+        return _json_lines(path, text)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        if err.msg != "Extra data":  # a broken document, not several documents
             raise ValueError(f"{path}: not valid JSON ({err})") from None
-        if not isinstance(rows, list):
-            raise ValueError(f"{path}: expected a JSON list of rows")
-        return rows
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-    return rows
+        return _json_lines(path, text)
+    if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
+        index = list(next(iter(data.values())))
+        return [{col: data[col].get(i) for col in data} for i in index]
+    if isinstance(data, dict):  # one row on one line, the only row of a JSON-lines file
+        return [data]
+    if not isinstance(data, list):
+        # a bad file, not a bad call: ValueError like every other unreadable file
+        raise ValueError(f"{path}: expected a list of rows, JSON lines, or {{column: {{row: value}}}}")  # noqa: TRY004
+    return data
 
 
-def _answers(value) -> str | list[str]:
-    if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
-        try:
-            value = json.loads(value.replace("'", '"'))
-        except json.JSONDecodeError:
-            pass
+def _read_parquet(path: Path) -> list[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        pq = None
+    if pq is not None:
+        return pq.read_table(path).to_pylist()
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+    return [_plain(r) for r in pd.read_parquet(path).to_dict("records")]
+
+
+def _plain(value):
+    """numpy arrays/scalars (rows read with pandas) -> lists/numbers; NaN (pandas' missing value) -> None."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        out = [str(v).strip() for v in value if str(v).strip()]
-        return out[0] if len(out) == 1 else out
+        return [_plain(v) for v in value]
+    if hasattr(value, "tolist") and type(value).__module__ == "numpy":  # ndarray or numpy scalar
+        return _plain(value.tolist())
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _string_list(text: str) -> list[str] | None:
+    """A string that spells a list of strings ("['Paris', \"O'Neil\"]"), else None."""
+    if not (text.startswith("[") and text.endswith("]")):
+        return None
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return value
+    return None
+
+
+def _one_answer(value) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value).strip()
 
 
+def _answers(value) -> str | list[str]:
+    if isinstance(value, dict) and "target" in value:  # Search-R1's {"target": [...]}
+        value = value["target"]
+    if isinstance(value, str):
+        value = _string_list(value.strip()) or value
+    if isinstance(value, (list, tuple)):
+        out = [a for a in map(_one_answer, value) if a]
+        return out[0] if len(out) == 1 else out
+    return _one_answer(value)
+
+
+def _unwrap(prompt: str, extra_question) -> str:
+    """The bare question inside an upstream prompt."""
+    if isinstance(extra_question, str) and extra_question.strip() and extra_question.strip() in prompt:
+        return extra_question.strip()
+    text = prompt
+    match = SEARCH_R1_PREFIX.match(text)
+    if match:
+        text = text[match.end() :]
+    for suffix in TEMPLATE_SUFFIXES:
+        text = text.removesuffix(suffix)
+    return text.strip()
+
+
 def row_to_task(row: dict, source: str = "", index: int = 0) -> dict:
-    """A verl/SkyRL row (prompt messages, reward_model.ground_truth) or a plain question/answer row -> task."""
+    """A verl/SkyRL/Search-R1 row, or a plain question/answer row, -> task.
+
+    Answers come from reward_model.ground_truth (verl, Search-R1), reward_spec.ground_truth (SkyRL), or an
+    answer/answers/golden_answers/final_answer/ground_truth column.
+    """
     if not isinstance(row, dict):
-        raise ValueError(f"row {index}: expected an object, got {type(row).__name__}")
+        # ValueError: load_tasks skips unusable rows by catching it
+        raise ValueError(f"row {index}: expected an object, got {type(row).__name__}")  # noqa: TRY004
+    row = _plain(row)
+    extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
+    messages = row.get("prompt") if isinstance(row.get("prompt"), list) else []
+    messages = [m for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
+    users = [m["content"] for m in messages if m.get("role") == "user"]
+    systems = [m["content"] for m in messages if m.get("role") == "system"]
     question = row.get("question") or row.get("problem")
-    if question is None and isinstance(row.get("prompt"), list):
-        users = [m.get("content", "") for m in row["prompt"] if isinstance(m, dict) and m.get("role") == "user"]
-        question = users[-1] if users else None
-    if question is None and isinstance(row.get("prompt"), str):
-        question = row["prompt"]
+    question = str(question) if question is not None else None
+    if not question or not question.strip():
+        prompt = users[-1] if users else row.get("prompt") if isinstance(row.get("prompt"), str) else None
+        question = _unwrap(prompt, extra.get("question")) if prompt else None
     truth = None
-    if isinstance(row.get("reward_model"), dict):
-        truth = row["reward_model"].get("ground_truth")
+    for spec in ("reward_model", "reward_spec"):
+        if truth is None and isinstance(row.get(spec), dict):
+            truth = row[spec].get("ground_truth")
     for key in ("answer", "answers", "golden_answers", "final_answer", "ground_truth"):
         if truth is None and row.get(key) is not None:
             truth = row[key]
-    if question is None or truth is None:
-        raise ValueError(f"row {index}: needs a question (question/problem/prompt) and an answer "
-                         f"(answer/reward_model.ground_truth); has keys {sorted(row)}")
-    if isinstance(truth, dict) and "target" in truth:  # Search-R1 style {"target": [...]}
-        truth = truth["target"]
-    return {"index": index, "question": str(question), "answer": _answers(truth),
-            "data_source": row.get("data_source", source), "extra_info": row.get("extra_info", {})}
+    if not question or truth is None:
+        raise ValueError(
+            f"row {index}: needs a question (question/problem/prompt) and an answer "
+            f"(answer/reward_model.ground_truth/reward_spec.ground_truth); has keys {sorted(row)}"
+        )
+    answer = _answers(truth)
+    if answer in ("", []):
+        raise ValueError(f"row {index}: the answer is empty")
+    task = {
+        "index": index,
+        "question": question.strip(),
+        "answer": answer,
+        "data_source": row.get("data_source") or source,
+        "extra_info": extra,
+    }
+    if systems:
+        task["system"] = systems[0]
+    return task
 
 
 def load_tasks(path_or_name: str, limit: int | None = None) -> list[dict]:

@@ -1,0 +1,240 @@
+"""The /retrieve server as Search-R1's, verl's and SkyRL's clients call it, its answers to malformed requests, and
+the client's URL handling, retries and errors. Servers run on 127.0.0.1 with port 0."""
+
+import http.client
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+pytest.importorskip("bm25s")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from trace_rl.envs.retrieval import BM25Retriever, Passage
+from trace_rl.envs.retrieval_server import (
+    RemoteRetriever,
+    RetrieverError,
+    ServerLimits,
+    parse_request,
+    serve,
+)
+
+PASSAGES = [Passage(str(i), f"River {i}", f"River {i} flows through town {i}.") for i in range(8)] + [
+    Passage("8", "Jaws (film)", "Jaws is a 1975 thriller film directed by Steven Spielberg."),
+    Passage("9", "Steven Spielberg", "Steven Spielberg was born in Cincinnati, Ohio."),
+]
+LIMITS = ServerLimits(max_topk=6, max_queries=4, max_body_bytes=2000, idle_timeout_s=0.3, body_timeout_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = serve(BM25Retriever(PASSAGES), "127.0.0.1", 0, limits=LIMITS)
+    yield srv
+    srv.shutdown()
+
+
+def post(server, body: bytes, path: str = "/retrieve", method: str = "POST", headers=None) -> tuple[int, dict]:
+    host, port = server.server_address
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def post_json(server, payload) -> dict:
+    status, data = post(server, json.dumps(payload).encode())
+    assert status == 200, data
+    return data
+
+
+def test_search_r1_training_loop_requests(server):
+    # search_r1/llm_agent/generation.py, _batch_search: {"queries", "topk", "return_scores": True}, reads
+    # doc_item["document"]["contents"] and splits the title off its first line
+    data = post_json(server, {"queries": ["Spielberg birthplace", "river town"], "topk": 3, "return_scores": True})
+    first, second = data["result"]
+    contents = first[0]["document"]["contents"]
+    assert contents.split("\n")[0] == '"Steven Spielberg"' and isinstance(first[0]["score"], float)
+    assert len(second) == 3 and all(h["document"]["title"].startswith("River") for h in second)
+    # turns in which no rollout searched send an empty batch
+    assert post_json(server, {"queries": [], "topk": 3, "return_scores": True}) == {"result": []}
+
+
+def test_verl_search_tool_request(server):
+    # verl/tools/utils/search_r1_like_utils.py, call_search_api: same payload, Accept header, full /retrieve URL
+    status, data = post(
+        server,
+        json.dumps({"queries": ["Jaws director"], "topk": 2, "return_scores": True}).encode(),
+        headers={"Accept": "application/json"},
+    )
+    assert status == 200 and data["result"][0][0]["document"]["contents"].startswith('"Jaws (film)"\n')
+
+
+def test_skyrl_search_tool_request(server):
+    # skyrl_gym/tools/search.py, call_search_api: singular "query"; answered as a batch of one
+    data = post_json(server, {"query": "Spielberg", "topk": 3, "return_scores": True})
+    assert len(data["result"]) == 1 and data["result"][0][0]["document"]["id"] in ("8", "9")
+
+
+def test_topk_defaults_scores_and_queries_without_matching_words(server):
+    for topk in (None, 0):
+        assert len(post_json(server, {"queries": ["river"], "topk": topk})["result"][0]) == LIMITS.default_topk
+    assert len(post_json(server, {"queries": ["river"]})["result"][0]) == LIMITS.default_topk
+    assert len(post_json(server, {"queries": ["river"], "topk": 5})["result"][0]) == 5
+    plain = post_json(server, {"queries": ["Cincinnati"], "topk": 1, "return_scores": False})["result"][0][0]
+    assert set(plain) == {"id", "title", "text", "contents"} and plain["title"] == "Steven Spielberg"
+    # no passage shares a word with these: BM25 returns nothing, as Search-R1's does
+    assert post_json(server, {"queries": ["zebra quantum", "the of and", ""], "topk": 3})["result"] == [[], [], []]
+
+
+MALFORMED = [
+    (b"{", 400, "not valid JSON"),
+    (b"\xff\xfe", 400, "not valid JSON"),
+    (b"[]", 400, "JSON object"),
+    (b'{"queries": 3}', 400, "'queries'"),
+    (b'{"queries": ["a", 1]}', 400, "'queries'"),
+    (b'{"query": ["a"]}', 400, "'query'"),
+    (b'{"query": "a", "queries": ["a"]}', 400, "not both"),
+    (b'{"topk": 3}', 400, "needs 'queries'"),
+    (b'{"queries": ["a"], "topk": Infinity}', 400, "Infinity"),
+    (b'{"queries": ["a"], "topk": NaN}', 400, "NaN"),
+    (b'{"queries": ["a"], "topk": -1}', 400, "'topk'"),
+    (b'{"queries": ["a"], "topk": 2.5}', 400, "'topk'"),
+    (b'{"queries": ["a"], "topk": "3"}', 400, "'topk'"),
+    (b'{"queries": ["a"], "topk": true}', 400, "'topk'"),
+    (b'{"queries": ["a"], "topk": 1000000000000}', 400, "at most 6"),
+    (b'{"queries": ["a"], "return_scores": "yes"}', 400, "'return_scores'"),
+    (json.dumps({"queries": ["a"] * 5}).encode(), 400, "takes 4"),
+    (json.dumps({"queries": ["a" * 3000]}).encode(), 413, "at most 2000 bytes"),
+    (b"[" * 1000 + b"]" * 1000, 400, "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), MALFORMED)
+def test_every_malformed_request_gets_a_4xx_with_a_json_error(server, body, status, message):
+    got, data = post(server, body)
+    assert (got, set(data)) == (status, {"error"}) and message in data["error"]
+
+
+def test_wrong_path_and_method_and_chunked_oversize_body_get_json_errors(server):
+    assert post(server, b"{}", path="/search")[0] == 404
+    status, data = post(server, b"", method="GET")
+    assert status == 405 and "POST /retrieve" in data["error"]
+    host, port = server.server_address
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:  # no Content-Length: the cap applies while reading
+        conn.request("POST", "/retrieve", iter([b'{"queries": ["', b"a" * 3000, b'"]}']), encode_chunked=True)
+        resp = conn.getresponse()
+        assert resp.status == 413 and "error" in json.loads(resp.read())
+    finally:
+        conn.close()
+    assert post_json(server, {"queries": ["river"], "topk": 1})["result"][0]  # and it still serves
+
+
+def test_idle_and_stalled_connections_are_closed(server):
+    with socket.create_connection(server.server_address, timeout=5) as idle:
+        assert idle.recv(1) == b""  # closed by the server after idle_timeout_s, well before the 5 s timeout
+    with socket.create_connection(server.server_address, timeout=5) as stalled:
+        stalled.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        reply = b""
+        for _ in range(10):  # headers and body may come in separate packets; the server then closes
+            chunk = stalled.recv(4096)
+            reply += chunk
+            if not chunk:
+                break
+        assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive" in reply
+
+
+def test_serve_binds_loopback_only_and_shuts_down():
+    with pytest.raises(ValueError, match="not a loopback address"):
+        serve(BM25Retriever(PASSAGES), "0.0.0.0", 0)
+    with pytest.raises(ValueError, match="max_topk"):
+        ServerLimits(max_topk=0)
+    srv = serve(BM25Retriever(PASSAGES), "127.0.0.1", 0)
+    address = srv.server_address
+    assert address[0] == "127.0.0.1" and srv.url == f"http://127.0.0.1:{address[1]}/retrieve"
+    srv.shutdown()
+    with pytest.raises(OSError):
+        socket.create_connection(address, timeout=2).close()
+
+
+def test_parse_request_names_the_field():
+    assert parse_request(b'{"query": "q", "topk": null, "return_scores": null}', LIMITS) == (["q"], 3, False)
+    with pytest.raises(Exception, match="'return_scores'"):
+        parse_request(b'{"queries": [], "return_scores": 1}', LIMITS)
+
+
+# -- the client -------------------------------------------------------------------------------------------------
+
+
+def test_client_accepts_the_urls_peers_configure(server):
+    host, port = server.server_address
+    for url in (f"http://{host}:{port}/retrieve", f"http://{host}:{port}", f"http://{host}:{port}/"):
+        client = RemoteRetriever(url)
+        assert client.url == f"http://{host}:{port}/retrieve"
+        (hits,) = client.search(["Spielberg birthplace"], 1)
+        assert hits[0][0].title == "Steven Spielberg" and hits[0][1] > 0
+    assert RemoteRetriever(server.url).search([], 3) == []
+    with pytest.raises(ValueError, match="retriever url"):
+        RemoteRetriever("localhost:8000")
+
+
+class Flaky(BaseHTTPRequestHandler):
+    """Answers 503 to the first `failures` requests, then one hit; 400 when the path is /bad."""
+
+    failures, seen = 0, []
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        Flaky.seen.append(self.path)
+        if self.path == "/bad":
+            code, body = 400, {"error": "'topk' is bad"}
+        elif len(Flaky.seen) <= Flaky.failures:
+            code, body = 503, {"error": "busy"}
+        else:
+            code, body = 200, {"result": [[{"document": {"id": "1", "contents": '"T"\nx'}, "score": 1.5}]]}
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def flaky():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    Flaky.seen = []
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_client_retries_5xx_then_succeeds_and_stops_at_4xx(flaky):
+    url = f"http://127.0.0.1:{flaky.server_address[1]}"
+    Flaky.failures = 2
+    (hits,) = RemoteRetriever(url + "/retrieve", retries=2, backoff_s=0).search(["q"], 1)
+    assert hits == [(Passage("1", "T", "x"), 1.5)] and len(Flaky.seen) == 3
+    Flaky.seen, Flaky.failures = [], 5
+    with pytest.raises(RetrieverError, match="unreachable after 3 attempts; last: HTTP 503"):
+        RemoteRetriever(url, retries=2, backoff_s=0).search(["q"], 1)
+    Flaky.seen = []
+    with pytest.raises(RetrieverError, match="refused the request \\(400\\).*'topk' is bad"):
+        RemoteRetriever(url + "/bad", retries=2, backoff_s=0).search(["q"], 1)
+    assert len(Flaky.seen) == 1  # a 4xx is not retried
+
+
+def test_client_raises_one_clear_error_when_nothing_listens():
+    with socket.socket() as s:  # a port that was free a moment ago and has no listener now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RetrieverError, match=f"127.0.0.1:{port}/retrieve unreachable after 2 attempts"):
+        RemoteRetriever(f"http://127.0.0.1:{port}/retrieve", retries=1, backoff_s=0, timeout_s=2).search(["q"])
