@@ -23,9 +23,7 @@ def test_each_threshold_fails_a_result_just_past_it(result):
     checks = verdicts(bad)
     assert not any(v.passed for v in checks)
     assert report_lines(bad)[-1] == "4 of 4 checks FAILED"
-    assert all(
-        line.lstrip().startswith("FAIL") for line in report_lines(bad) if "Proposition" in line and ":" in line[:8]
-    )
+    assert sum(line.lstrip().startswith("FAIL") for line in report_lines(bad)) == 4
 
 
 def test_a_value_function_that_is_not_a_martingale_fails(monkeypatch):
