@@ -91,15 +91,27 @@ def test_equal_curves_stay_distinguishable():
 
 
 def test_several_seeds_draw_mean_and_band_and_say_so(tmp_path):
-    seeds = [[{"step": s, "k": 0.1 * s + 0.05 * i} for s in range(5)] for i in range(3)]
+    from matplotlib.collections import PolyCollection
+    from matplotlib.container import ErrorbarContainer
+
+    seeds = [[{"step": s, "k": 0.1 * s + 0.05 * i} for s in range(12)] for i in range(3)]
     fig = metric_figure({"": {"trace": seeds, "grpo": seeds[0]}}, "k", "ER")
     try:
         ax = fig.axes[0]
-        assert len(ax.collections) == 1  # one band: trace; grpo is a single run
-        assert np.allclose(_lines(fig)[0].get_ydata(), [0.1 * s + 0.05 for s in range(5)])
+        bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        assert len(bands) == 1  # trace; grpo is a single run
+        assert np.allclose(bands[0].get_paths()[0].vertices[:, 1].max(), 0.1 * 11 + 0.1)  # max over seeds
+        mean = next(ln for ln in ax.lines if ln.get_label() == "trace (3 seeds)")
+        assert np.allclose(mean.get_ydata(), [0.1 * s + 0.05 for s in range(12)])
         assert "min–max" in fig._suptitle.get_text()
-        labels = ax.get_legend_handles_labels()[1]
-        assert labels == ["trace (3 seeds)", "grpo"]
+        assert ax.get_legend_handles_labels()[1] == ["trace (3 seeds)", "grpo"]
+    finally:
+        plt.close(fig)
+    sparse = [[{"step": s, "k": 0.5 + 0.1 * i} for s in (4, 9)] for i in range(3)]  # accuracy every 5 steps
+    fig = metric_figure({"": {"trace": sparse}}, "k", "Accuracy", band="std")
+    try:
+        bars = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+        assert len(bars) == 1 and "± 1 std" in fig._suptitle.get_text()
     finally:
         plt.close(fig)
     assert plot_metric({"trace": seeds}, "k", tmp_path / "std.png", "ER", band="std").is_file()

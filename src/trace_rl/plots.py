@@ -3,7 +3,8 @@
 `plot_metric` takes, per method, either one run (a list of per-step records) or several seeds' runs (a list of
 such lists). Several seeds draw the mean over the seeds that logged the key at that step, with a shaded band:
 min-max over seeds by default, or mean +- one standard deviation; the title says which. Records without the
-key, or with a NaN there, are skipped, so metrics logged every few steps (accuracy) plot as their own points.
+key, or with a NaN there, are skipped, so metrics logged every few steps (accuracy) plot as their own points;
+a band over at most BAR_POINTS points is drawn as error bars instead of shading.
 
 Steps are 0-based in the records and drawn 1-based, as the progress lines print them, on integer ticks.
 Every point carries a marker (a run shorter than an evaluation interval has one point, which a bare line
@@ -25,7 +26,8 @@ LINESTYLES = ("-", "--", "-.", ":")
 MIN_SPAN = 0.04  # smallest y range, as a share of the largest |value|: 1e-4 apart must not fill the plot
 MAX_MARKERS = 16  # markers per line; more points than this get a marker every few steps
 DODGE = 0.004  # sideways shift between neighbouring methods, as a share of the step axis (at least 10 steps)
-BANDS = {"minmax": "band: min–max over seeds", "std": "band: mean ± 1 std over seeds"}
+BAR_POINTS = 5  # a seeds' band over this few points is drawn as error bars: shading between sparse points misleads
+BANDS = {"minmax": "spread: min–max over seeds", "std": "spread: mean ± 1 std over seeds"}
 
 Records = list[dict]
 
@@ -102,8 +104,10 @@ def _draw(ax, runs: Runs, key: str, smooth: int, band: str, last: int) -> tuple[
         color = f"C{i % 10}"
         n_seeds = sum(bool(_points(run, key)) for run in seeds)
         multi |= n_seeds > 1
-        if n_seeds > 1:
-            ax.fill_between(x, lo, hi, color=color, alpha=0.15, linewidth=0, zorder=1 + i)
+        if n_seeds > 1 and len(x) <= BAR_POINTS:
+            ax.errorbar(x, y, yerr=[y - lo, hi - y], fmt="none", ecolor=color, capsize=3, alpha=0.8, zorder=9 + i)
+        elif n_seeds > 1:  # shading thins out as more methods overlap, so the lines stay readable
+            ax.fill_between(x, lo, hi, color=color, alpha=max(0.05, 0.3 / len(runs)), linewidth=0, zorder=1 + i)
         every = max(1, int(np.ceil(len(x) / MAX_MARKERS)))
         ax.plot(
             x,
