@@ -1,0 +1,96 @@
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from trace_rl.predictors.diagnostics import spearman, spearman_rho, step_diagnostics, summarize_records
+from trace_rl.predictors.report import CALIBRATION_PNG, SPEARMAN_PNG, diagnose, format_diagnosis, format_p
+from trace_rl.tree import RolloutTree
+
+# n = 10, sum of squared rank differences 66: rho = 1 - 6 * 66 / 990 = 0.6. The t test with 8 degrees of freedom
+# gives p = 0.0667 (t = 2.12 is below the 5% critical value 2.306); a normal approximation of t claims 0.034.
+X10 = list(range(10))
+Y10 = [1, 4, 2, 3, 8, 5, 0, 7, 6, 9]
+
+
+def test_spearman_p_value_is_the_t_test_not_a_normal_approximation():
+    assert sum((a - b) ** 2 for a, b in zip(X10, Y10)) == 66
+    rho, p = spearman(X10, Y10)
+    assert rho == pytest.approx(0.6)
+    assert p == pytest.approx(0.0667, abs=5e-4)
+
+
+def test_spearman_rho_needs_no_scipy_and_matches_it_with_ties():
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 4, 40).astype(float)  # many ties
+    y = x + rng.normal(0, 1.5, 40)
+    assert spearman_rho(x, y) == pytest.approx(spearmanr(x, y).statistic)
+    assert np.isnan(spearman_rho([1, 1, 1], [1, 2, 3])) and np.isnan(spearman_rho([1, 2], [2, 1]))
+    assert all(np.isnan(v) for v in spearman([0.5] * 5, [0, 1, 0, 1, 1]))
+
+
+def test_missing_scipy_gives_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "scipy.stats", None)  # makes `from scipy.stats import ...` raise ImportError
+    with pytest.raises(ImportError, match="pip install scipy"):
+        spearman(X10, Y10)
+    tree = RolloutTree(0, predicted=0.5)
+    for i, r in enumerate([1.0, 0.0, 1.0]):
+        tree.add_turn("0", terminal=True, reward=r, predicted=0.2 + 0.3 * i)
+    tree.compute_targets()
+    assert "diag_brier" in step_diagnostics([tree])  # the per-step scalars a run logs never need scipy
+
+
+def test_format_p_never_prints_zero_for_a_tiny_p():
+    assert format_p(0.0667) == "0.067" and format_p(0.001) == "0.001"
+    assert format_p(3.2e-8) == "3.2e-08" and format_p(0.0) == "<1e-300" and format_p(float("nan")) == "nan"
+    table = format_diagnosis({"trace": summarize_records(_records(200, np.random.default_rng(1)), max_depth=2)})
+    assert "e-" in table and "0.000 " not in table.split("p_value")[1].split("\n")[2]
+
+
+def _records(n: int, rng: np.random.Generator, method: str = "trace", steps: int = 4) -> list[dict]:
+    out = []
+    for i in range(n):
+        v = rng.uniform()
+        out.append(
+            {
+                "method": method,
+                "step": i % steps,
+                "depth": i % 4,
+                "predicted": v,
+                "target": float(np.clip(v + rng.normal(0, 0.2), 0, 1)),
+                "leaves": 4,
+            }
+        )
+    return out
+
+
+def _write(path, records):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_diagnose_writes_into_out_dir_and_leaves_the_run_alone(tmp_path):
+    rng = np.random.default_rng(0)
+    run = tmp_path / "run"
+    _write(run / "predictions.jsonl", _records(300, rng) + _records(120, rng, method="grpo"))
+    before = sorted(p.name for p in run.iterdir())
+    tables = diagnose(run, max_depth=2, out_dir=tmp_path / "report")
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert (tmp_path / "report" / CALIBRATION_PNG).is_file() and (tmp_path / "report" / SPEARMAN_PNG).is_file()
+    assert [r["depth"] for r in tables["trace"]] == ["0", "1", "2+", "prefixes"]
+    assert tables["trace"][-1]["n"] == sum(1 for i in range(300) if i % 4)
+    assert all(r["p_value"] < 1e-3 for r in tables["trace"])
+
+
+def test_diagnose_reads_a_multi_seed_run(tmp_path):
+    rng = np.random.default_rng(1)
+    for seed in (0, 1):
+        _write(tmp_path / f"seed{seed}" / "predictions.jsonl", _records(200, rng))
+    tables = diagnose(tmp_path, max_depth=3)
+    assert tables["trace"][0]["n"] == 100  # depth 0 of both seeds
+    assert (tmp_path / SPEARMAN_PNG).is_file()
+    with pytest.raises(FileNotFoundError):
+        diagnose(tmp_path / "nope")
