@@ -20,12 +20,31 @@ class DiagnoseConfig:
 
     run_dir: str = ""  # the run directory to read (predictions.jsonl, metrics.jsonl)
     max_depth: int = 4  # depths beyond this are pooled
+    out: str = ""  # where the plots go (default: the run directory)
 
     def __post_init__(self):
         if not self.run_dir:
             raise ValueError("run_dir: give the run directory, e.g. trace-rl diagnose runs/simulate")
-        if self.max_depth < 0:
-            raise ValueError(f"max_depth must be >= 0, got {self.max_depth}")
+        if self.max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+
+
+@dataclass
+class ViewConfig:
+    """`trace-rl view TREES.jsonl ...`: one self-contained HTML page that shows each prompt's tree."""
+
+    trees: list[str] = field(default_factory=list)  # trees files (trees_<method>.jsonl, sft_eval_trees.jsonl)
+    out: str = "tree.html"  # the HTML file to write
+    title: str = "TRACE rollout trees"  # the page's title
+
+    def __post_init__(self):
+        if not self.trees:
+            raise ValueError("trees: give one or more trees files, e.g. trace-rl view runs/simulate/trees_trace.jsonl")
+        missing = [t for t in self.trees if not Path(t).is_file()]
+        if missing:
+            raise ValueError(f"trees: no file {missing[0]}")
+        if not self.out:
+            raise ValueError("out: give the HTML file to write")
 
 
 @dataclass
@@ -61,6 +80,7 @@ class ServeRetrieverConfig:
 
     corpus: str = ""  # HotpotQA {title: sentences} or a list of {title, text}
     host: str = "127.0.0.1"  # listen address (loopback unless you ask otherwise)
+    allow_remote: bool = False  # allow a non-loopback host (the server has no authentication)
     port: int = 8000  # listen port (0: any free port)
     dense: bool = False  # faiss + encoder instead of BM25
     encoder: str = "all-minilm-l6-v2"  # the dense retriever's sentence encoder
@@ -87,7 +107,7 @@ class PropositionsConfig:
 
 # -- commands -----------------------------------------------------------------------------------------------
 def _simulate(cfg, yaml_text: str) -> None:
-    from .plots import plot_metric
+    from .plots import per_seed, plot_metric
     from .rollout.records import average_runs, format_table, summarize
     from .testbed.simulate import run_simulation
 
@@ -112,9 +132,10 @@ def _simulate(cfg, yaml_text: str) -> None:
     print(table)
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
     (out / "summary.txt").write_text(table + "\n")
-    plot_metric(results, "rollout/effective_ratio", out / "effective_ratio.png",
-                "Effective ratio (share of mixed trees)", smooth=5)
-    plot_metric(results, "eval/accuracy", out / "accuracy.png", "Exact held-out accuracy")
+    per = per_seed(runs) if len(seeds) > 1 else results
+    plot_metric(per, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)",
+                smooth=5)
+    plot_metric(per, "eval/accuracy", out / "accuracy.png", "Exact held-out accuracy")
     where = ", ".join(f"{out}/seed{s}/metrics.jsonl" for s in seeds) if len(seeds) > 1 else f"{out}/metrics.jsonl"
     print(f"\nwrote {out}/config.yaml, {where}, {out}/summary.json, effective_ratio.png, accuracy.png")
 
@@ -143,14 +164,18 @@ def _sft(cfg, yaml_text: str) -> None:
 
 
 def _diagnose(cfg, yaml_text: str) -> None:
-    from .predictors.report import diagnose
-    from .rollout.records import format_table
+    from .predictors.report import diagnose, format_diagnosis
 
-    tables = diagnose(cfg.run_dir, max_depth=cfg.max_depth)
-    for method, rows in tables.items():
-        print(f"\n{method}")
-        print(format_table(rows))
-    print(f"\nwrote {cfg.run_dir}/calibration_by_depth.png, spearman_over_steps.png")
+    out = cfg.out or cfg.run_dir
+    print(format_diagnosis(diagnose(cfg.run_dir, max_depth=cfg.max_depth, out_dir=out)))
+    print(f"\nwrote {out}/calibration_by_depth.png, spearman_over_steps.png")
+
+
+def _view(cfg, yaml_text: str) -> None:
+    from .viewer import write_tree_html
+
+    path = write_tree_html(list(cfg.trees), cfg.out, title=cfg.title)
+    print(f"wrote {path} (one self-contained file: open it in a browser)")
 
 
 def _eval(cfg, yaml_text: str) -> None:
@@ -183,7 +208,7 @@ def _serve_retriever(cfg, yaml_text: str) -> None:
 
     passages = load_corpus(cfg.corpus)
     retriever = DenseRetriever(passages, cfg.encoder) if cfg.dense else BM25Retriever(passages)
-    server = serve(retriever, cfg.host, cfg.port)
+    server = serve(retriever, cfg.host, cfg.port, allow_remote=cfg.allow_remote)
     print(f"serving {len(passages)} passages on http://{cfg.host}:{server.server_address[1]}/retrieve (Ctrl-C stops)")
     try:
         while True:
@@ -193,18 +218,10 @@ def _serve_retriever(cfg, yaml_text: str) -> None:
 
 
 def _propositions(cfg, yaml_text: str) -> None:
-    from .testbed.propositions import check_propositions
+    from .testbed.propositions import check_propositions, report_lines
 
     r = check_propositions(tasks=cfg.tasks, episodes=cfg.episodes, seed=cfg.seed)
-    print(f"Proposition 1 (best MSE does not grow with depth), {r['tasks']} tasks:")
-    print(f"  largest rise of E[(R - V_t)^2] from one depth to the next (exact): {r['prop1_max_rise_exact']:.2e}")
-    print(f"  mean curve over horizon-{r['horizon_of_curve']} tasks, t = 0..T (exact): {r['prop1_mean_curve_exact']}")
-    print(f"  one task, exact:        {r['prop1_curve_exact_same_task']}")
-    print(f"  same task, Monte Carlo: {r['prop1_curve_mc']}  ({r['episodes']} episodes)")
-    print("Proposition 2 (expected quadratic variation of V along a suffix = V(1-V)):")
-    print(f"  largest |E[QV] - V(1-V)| over all states (exact): {r['prop2_max_abs_gap_exact']:.2e}")
-    print(f"  Monte Carlo from the root: E[QV] = {r['prop2_mc_qv']:.4f} +- {r['prop2_mc_stderr']:.4f}, "
-          f"V(1-V) = {r['prop2_v0_1_minus_v0']:.4f}")
+    print("\n".join(report_lines(r)))
 
 
 def _config_classes() -> dict[str, tuple[type, object, str | None, str]]:
@@ -221,6 +238,7 @@ def _config_classes() -> dict[str, tuple[type, object, str | None, str]]:
         "eval": (EvalConfig, _eval, None, "accuracy of a model on an environment's benchmarks"),
         "serve-retriever": (ServeRetrieverConfig, _serve_retriever, None, "a Search-R1-compatible /retrieve server"),
         "propositions": (PropositionsConfig, _propositions, None, "check the paper's Propositions 1 and 2"),
+        "view": (ViewConfig, _view, "trees", "write an HTML page that shows each prompt's tree"),
     }
 
 
@@ -244,16 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in rest or "--help" in rest:
         print(help_text(cls, command))
         return 0
-    if positional:  # the first bare word that is not a flag's value
-        for i, a in enumerate(rest):
-            after_flag = i > 0 and rest[i - 1].startswith("--") and "=" not in rest[i - 1]
-            if "=" not in a and not a.startswith("-") and not after_flag:
-                rest[i] = f"{positional}={a}"
-                break
+    if positional:  # bare words that are not a flag's value
+        bare = [i for i, a in enumerate(rest) if "=" not in a and not a.startswith("-")
+                and not (i > 0 and rest[i - 1].startswith("--") and "=" not in rest[i - 1])]
+        if bare:
+            value = ",".join(rest[i] for i in bare)
+            rest = [a for i, a in enumerate(rest) if i not in bare] + [f"{positional}={value}"]
     try:
         cfg, yaml_text = load_config(cls, rest)
         run(cfg, yaml_text)
-    except (ConfigError, ValueError, FileNotFoundError) as err:
+    except (ConfigError, ValueError, FileNotFoundError, ImportError) as err:
         print(f"trace-rl {command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
