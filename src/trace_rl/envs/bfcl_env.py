@@ -11,6 +11,10 @@ globals keyed by model name and entry id, which would leak state across rollouts
 `ast` and arguments must be literals (nothing is eval'ed). The reward is BFCL's own verdict: its
 multi_turn_checker (state and response checks per turn, run under a unique model name whose cached
 globals are removed afterwards) and its irrelevance checker for turns that must not call anything.
+No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
+backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by
+default: the long_context backends return up to 70,000 characters by design; 10,000 calls in one action
+reached 550 KB before the cap).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import itertools
 import json
 from pathlib import Path
 
-from .base import parse_action
+from .base import cap_observation, parse_action, tool_failure
 
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
 TOOLS = ("call", "done")
@@ -88,8 +92,9 @@ def describe(doc: dict) -> str:
 
 
 class BFCLEnv:
-    def __init__(self, steps_per_turn: int = 4):
+    def __init__(self, steps_per_turn: int = 4, max_observation_chars: int = 100_000):
         self.steps_per_turn = steps_per_turn
+        self.max_observation_chars = max_observation_chars
         self.task: dict | None = None
         self.done = True
 
@@ -142,11 +147,17 @@ class BFCLEnv:
         parsed = parse_action(action, TOOLS)
         info = {"valid_action": parsed.tool is not None}
         if parsed.tool == "call":
-            obs, info["valid_action"] = self._run_calls(parsed.argument)
+            try:
+                obs, info["valid_action"] = self._run_calls(parsed.argument)
+            except Exception as err:  # model text must never crash the trainer; a bug still shows in info
+                obs, failure = tool_failure(err)
+                info.update(failure, valid_action=False)
         elif parsed.tool == "done":
             obs = None
         else:
             obs = parsed.error
+        if obs is not None:  # capped before the next user message is added, which is never cut
+            obs = cap_observation(obs, self.max_observation_chars)
         if parsed.tool == "done" or self.steps_in_turn >= self.steps_per_turn:
             self.turn_index += 1
             self.steps_in_turn = 0
@@ -173,12 +184,17 @@ class BFCLEnv:
             nodes = tree.body.elts if isinstance(tree.body, ast.Tuple) else [tree.body]
             if not nodes or not all(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) for n in nodes):
                 raise ValueError("each item must be a call like name(arg=value)")
-        except (SyntaxError, ValueError) as err:
-            return f"Error: could not parse the calls ({err}). Write: call[f(a=1), g(b='x')]", False
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # deep nesting: the latter two
+            return f"Error: could not parse the calls ({str(err)[:200]}). Write: call[f(a=1), g(b='x')]", False
         results, strings, ok = [], [], True
         for node in nodes:
             name = node.func.id
-            strings.append(ast.unparse(node))
+            try:
+                strings.append(ast.unparse(node))
+            except RecursionError:
+                results.append(f"Error: the call to {name} is nested too deeply")
+                ok = False
+                continue
             owner = next((o for o in self.instances.values() if name in self.visible and hasattr(o, name)
                           and not name.startswith("_") and inspect.ismethod(getattr(o, name))), None)
             if owner is None:
@@ -188,7 +204,7 @@ class BFCLEnv:
             try:
                 args = [ast.literal_eval(a) for a in node.args]
                 kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 results.append(f"Error: arguments of {name} must be literal values")
                 ok = False
                 continue
