@@ -12,15 +12,30 @@ from trace_rl.envs.calculator import CalculatorEnv, make_tasks
 
 DEEP = 5000
 ADVERSARIAL = [
-    "", "Action:", "Action: []", "Action: x[", "Action: answer[", "\x00", "\ud800", "Action: \ud800[1]",
+    "",
+    "Action:",
+    "Action: []",
+    "Action: x[",
+    "Action: answer[",
+    "\x00",
+    "\ud800",
+    "Action: \ud800[1]",
     "Action: " + "x" * 100_000 + "[1]",
-    "Action: {tool}[\ud800]", "Action: {tool}[\x00]", "Action: {tool}[" + "-" * DEEP + "1]",
-    "Action: {tool}[" + "(" * DEEP + "1" + ")" * DEEP + "]", "Action: {tool}[" + "[" * DEEP + "]" * DEEP + "]",
-    "Action: {tool}[" + "x" * 200_000 + "]", "Thought: " + "\ud800" * 50 + "\nAction: {tool}[1]",
-    "Action: call[f(a=" + "-" * DEEP + "1)]", "Action: call[" + "ls(), " * 9999 + "ls()]",
-    "Action: call[ls(a=" + "[" * DEEP + "]" * DEEP + ")]", "Action: call[cd(folder={{[1]: 2}})]",
-    "Action: call[cd(folder='\ud800')]", "Action: call[__import__('os').system('true')]",
-    "Action: call[ls(" + "a=1, " * 2000 + ")]", "Action: call[mkdir(dir_name=" + "'x' * 10**9" + ")]",
+    "Action: {tool}[\ud800]",
+    "Action: {tool}[\x00]",
+    "Action: {tool}[" + "-" * DEEP + "1]",
+    "Action: {tool}[" + "(" * DEEP + "1" + ")" * DEEP + "]",
+    "Action: {tool}[" + "[" * DEEP + "]" * DEEP + "]",
+    "Action: {tool}[" + "x" * 200_000 + "]",
+    "Thought: " + "\ud800" * 50 + "\nAction: {tool}[1]",
+    "Action: call[f(a=" + "-" * DEEP + "1)]",
+    "Action: call[" + "ls(), " * 9999 + "ls()]",
+    "Action: call[ls(a=" + "[" * DEEP + "]" * DEEP + ")]",
+    "Action: call[cd(folder={{[1]: 2}})]",
+    "Action: call[cd(folder='\ud800')]",
+    "Action: call[__import__('os').system('true')]",
+    "Action: call[ls(" + "a=1, " * 2000 + ")]",
+    "Action: call[mkdir(dir_name=" + "'x' * 10**9" + ")]",
 ]
 ALPHABET = list("()[]{},.:;=+-*/'\"\\ \n\tabcxyz0123456789_") + ["\ud800", "\udfff", "\x00", "\u202e", "é", "🙂"]
 
@@ -121,8 +136,12 @@ def test_math_never_raises():
         actions = random_actions(rng, ("python", "answer"), 30)
         # math-verify may spend its 5 s parsing timeout on a deeply nested answer: slow, not a crash; kept short here
         actions = [a for a in actions if "answer[" not in a or len(a) < 120]
-        actions += ["Action: python[print('\ud800')]", "Action: python[s = '\ud800'\nprint(len(s))]",
-                    "Action: python[print('x' * 10**6)]", "Action: answer[\ud800]"]
+        actions += [
+            "Action: python[print('\ud800')]",
+            "Action: python[s = '\ud800'\nprint(len(s))]",
+            "Action: python[print('x' * 10**6)]",
+            "Action: answer[\ud800]",
+        ]
         task = {"question": "2+2?", "answer": "4"}
         assert drive(env, lambda: env.reset(task), actions, MAX_OBSERVATION_CHARS + 40) == len(actions)
 

@@ -92,7 +92,7 @@ def test_dir_fd_trunc_fifo_mknod_shm_and_proc_mem_change_nothing(tag):
     probe = os.path.join(prefix, f"{tag}.probe")
     with open(probe, "w") as fh:
         fh.write("keep me")
-    shm = lambda: set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()  # noqa: E731
+    shm = lambda: set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     shm_before = shm()
     try:
         res = hostile(
@@ -139,13 +139,17 @@ def test_root_owned_host_files_are_absent():
 
 
 # -- processes that would outlive the call ------------------------------------------------------------------------
-@pytest.mark.parametrize("escape", [
-    "import subprocess, sys\n"  # fork_exec(call_setsid=True), keeping stdout open: blocked communicate() before
-    "subprocess.Popen(['sleep', '30'], start_new_session=True, stdout=sys.stdout)\n",
-    "import ctypes\nlibc = ctypes.CDLL(None)\n"
-    "if libc.fork() == 0:\n    libc.setsid()\n    import time; time.sleep(30)\n",
-    "import os\nif os.fork() == 0:\n    os.setsid()\n    import time; time.sleep(30)\n",
-], ids=["popen-setsid", "ctypes-fork", "os-fork"])
+@pytest.mark.parametrize(
+    "escape",
+    [
+        (  # fork_exec(call_setsid=True), keeping stdout open: what blocked communicate() before
+            "import subprocess, sys\nsubprocess.Popen(['sleep', '30'], start_new_session=True, stdout=sys.stdout)\n"
+        ),
+        "import ctypes\nlibc = ctypes.CDLL(None)\nif libc.fork() == 0:\n    libc.setsid()\n    import time; time.sleep(30)\n",
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    import time; time.sleep(30)\n",
+    ],
+    ids=["popen-setsid", "ctypes-fork", "os-fork"],
+)
 def test_nothing_outlives_the_call(escape, tag):
     hostile(name_self(tag) + escape + "import time\ntime.sleep(30)\n")
     time.sleep(0.2)
@@ -223,8 +227,12 @@ def test_a_gigabyte_of_output_keeps_host_memory_flat():
     watcher = threading.Thread(target=sample)
     watcher.start()
     try:
-        res = hostile("import sys\nb = b'x' * (1 << 20)\nfor _ in range(1024): sys.stdout.buffer.write(b)\n"
-                      "sys.stderr.write('e' * (1 << 26))\n", limit=20.0, max_output=1000)
+        res = hostile(
+            "import sys\nb = b'x' * (1 << 20)\nfor _ in range(1024): sys.stdout.buffer.write(b)\n"
+            "sys.stderr.write('e' * (1 << 26))\n",
+            limit=20.0,
+            max_output=1000,
+        )
     finally:
         done.set()
         watcher.join()
@@ -247,12 +255,17 @@ def test_tmpfs_is_the_only_writable_place_and_is_capped():
 
 
 def test_threads_still_work_but_a_thread_bomb_is_bounded():
-    res = hostile("import threading\nts = [threading.Thread(target=lambda: None) for _ in range(4)]\n"
-                  "[t.start() for t in ts]; [t.join() for t in ts]; print('threads ok')")
+    res = hostile(
+        "import threading\nts = [threading.Thread(target=lambda: None) for _ in range(4)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]; print('threads ok')"
+    )
     assert res.observation() == "threads ok"
-    res = hostile("import threading, time\nn = 0\ntry:\n    while True:\n"
-                  "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1\n"
-                  "except (RuntimeError, MemoryError) as e: print('stopped at', n)\n", memory_mb=256)
+    res = hostile(
+        "import threading, time\nn = 0\ntry:\n    while True:\n"
+        "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1\n"
+        "except (RuntimeError, MemoryError) as e: print('stopped at', n)\n",
+        memory_mb=256,
+    )
     assert "stopped at" in res.stdout or res.timed_out
 
 

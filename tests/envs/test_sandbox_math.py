@@ -19,8 +19,11 @@ def weak(code: str, **kw):
 @pytest.mark.parametrize("mode", [pytest.param("strict", marks=needs_strict), "weak"])
 def test_ordinary_code_loops_allocations_and_errors_in_both_modes(mode):
     run = run_python if mode == "strict" else weak
-    r = run("import numpy as np\nprint(sum(range(10)), int(np.arange(4).sum()))", mode=mode) if mode == "strict" \
+    r = (
+        run("import numpy as np\nprint(sum(range(10)), int(np.arange(4).sum()))", mode=mode)
+        if mode == "strict"
         else run("print(sum(range(10)), 6)")
+    )
     assert r.ok and r.observation() == "45 6"
     assert "use print()" in run("x = 1").observation()
     r = run("while True: pass", timeout_s=1)
@@ -35,12 +38,15 @@ def test_ordinary_code_loops_allocations_and_errors_in_both_modes(mode):
 
 
 @needs_strict
-@pytest.mark.parametrize("code, seen", [
-    ("import os; os.fork()", "Operation not permitted"),
-    ("import subprocess; subprocess.run(['true'])", "Operation not permitted"),
-    ("import os; print(os.system('echo ran'))", "32512"),  # glibc: spawn failed, status 127, and nothing ran
-    ("import socket; socket.socket()", "Operation not permitted"),
-])
+@pytest.mark.parametrize(
+    "code, seen",
+    [
+        ("import os; os.fork()", "Operation not permitted"),
+        ("import subprocess; subprocess.run(['true'])", "Operation not permitted"),
+        ("import os; print(os.system('echo ran'))", "32512"),  # glibc: spawn failed, status 127, and nothing ran
+        ("import socket; socket.socket()", "Operation not permitted"),
+    ],
+)
 def test_strict_refuses_processes_and_sockets(code, seen):
     obs = run_python(code).observation()
     assert seen in obs and "ran" not in obs
@@ -68,12 +74,15 @@ def test_unknown_mode_and_missing_bwrap_are_refused_and_weak_warns_once(monkeypa
         sandbox._bwrap_base.cache_clear()
 
 
-@pytest.mark.parametrize("code, what", [
-    ("import os; os.fork()", "os.fork"),
-    ("import subprocess; subprocess.run(['true'])", "subprocess.Popen"),
-    ("import os; os.system('true')", "os.system"),
-    ("import socket; socket.socket()", "socket"),
-])
+@pytest.mark.parametrize(
+    "code, what",
+    [
+        ("import os; os.fork()", "os.fork"),
+        ("import subprocess; subprocess.run(['true'])", "subprocess.Popen"),
+        ("import os; os.system('true')", "os.system"),
+        ("import socket; socket.socket()", "socket"),
+    ],
+)
 def test_weak_refuses_process_creation_and_network(code, what):
     r = weak(code)
     assert not r.ok and "PermissionError" in r.observation() and what in r.observation()
@@ -91,7 +100,7 @@ def test_writes_stay_inside_the_working_directory(tmp_path, mode):
 
 math_verify = pytest.importorskip("math_verify")
 
-from trace_rl.envs.math_env import MathEnv, math_reward  # noqa: E402
+from trace_rl.envs.math_env import MathEnv, math_reward
 
 
 def test_math_reward_equivalences_and_off_main_thread():
@@ -120,7 +129,7 @@ def test_math_env_sandbox_setting():
 def test_math_env_runs_code_forks_and_scores():
     env = MathEnv(max_turns=3)
     env.reset({"question": "2*3?", "answer": "6"})
-    obs, r, done, info = env.step("Action: python[print(2*3)]")
+    obs, _, done, info = env.step("Action: python[print(2*3)]")
     assert obs == "6" and not done and info["sandbox_ok"]
     twin = env.fork()
     assert twin.step("Action: answer[7]")[1] == 0.0 and twin.done and not env.done

@@ -28,7 +28,7 @@ class AgentEnv(Protocol):
 
     def step(self, action: str) -> tuple[str, float, bool, dict]: ...
 
-    def fork(self) -> "AgentEnv": ...
+    def fork(self) -> AgentEnv: ...
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class ToolEnv:
         else:
             try:
                 obs, reward, info = self.act(parsed)
-            except Exception as err:  # model text must never crash the trainer; a bug still shows in info
+            except Exception as err:  # noqa: BLE001  model text must never crash the trainer; a bug still shows in info
                 obs, info = tool_failure(err)
                 reward, info["valid_action"] = 0.0, False
         obs = cap_observation(obs, self.max_observation_chars)
@@ -116,5 +116,5 @@ class ToolEnv:
             self.done, obs = True, obs + "\nTurn limit reached."
         return obs, reward, self.done, info
 
-    def fork(self) -> "ToolEnv":
+    def fork(self) -> ToolEnv:
         return copy.copy(self)

@@ -149,7 +149,7 @@ class BFCLEnv:
         if parsed.tool == "call":
             try:
                 obs, info["valid_action"] = self._run_calls(parsed.argument)
-            except Exception as err:  # model text must never crash the trainer; a bug still shows in info
+            except Exception as err:  # noqa: BLE001  model text must never crash the trainer; a bug shows in info
                 obs, failure = tool_failure(err)
                 info.update(failure, valid_action=False)
         elif parsed.tool == "done":

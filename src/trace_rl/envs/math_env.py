@@ -48,8 +48,14 @@ class MathEnv(ToolEnv):
 
     tools, system = TOOLS, SYSTEM
 
-    def __init__(self, max_turns: int = 6, timeout_s: float = 5.0, memory_mb: int = 1024, max_output: int = 1000,
-                 sandbox: str = "strict"):
+    def __init__(
+        self,
+        max_turns: int = 6,
+        timeout_s: float = 5.0,
+        memory_mb: int = 1024,
+        max_output: int = 1000,
+        sandbox: str = "strict",
+    ):
         super().__init__(max_turns)
         self.timeout_s, self.memory_mb, self.max_output = timeout_s, memory_mb, max_output
         self.sandbox = require(sandbox)  # fail here, not at the first python[...] of a run

@@ -57,8 +57,15 @@ NOFILE = 64
 NPROC = 64
 UID = 65534  # nobody
 CODE_PATH = "/code/main.py"
-_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 class SandboxUnavailable(RuntimeError):
@@ -96,12 +103,49 @@ def check_mode(mode: str) -> str:
 
 
 # -- strict: seccomp filter ---------------------------------------------------------------------------------------
-_DENY = ("fork", "vfork", "ptrace", "process_vm_readv", "process_vm_writev", "unshare", "setns", "mount",
-         "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick",
-         "mount_setattr", "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
-         "io_uring_setup", "io_uring_enter", "io_uring_register", "init_module", "finit_module", "delete_module",
-         "kexec_load", "kexec_file_load", "open_by_handle_at", "name_to_handle_at", "swapon", "swapoff", "reboot",
-         "acct", "quotactl", "syslog", "lookup_dcookie")
+_DENY = (
+    "fork",
+    "vfork",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "mount_setattr",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "quotactl",
+    "syslog",
+    "lookup_dcookie",
+)
 _ALLOW = 0x7FFF0000  # SCMP_ACT_ALLOW; a syscall of a foreign ABI kills (libseccomp's default)
 _CMP_NE, _CMP_MASKED_EQ = 1, 7  # enum scmp_compare
 _CLONE_THREAD = 0x00010000
@@ -115,21 +159,27 @@ class _Cmp(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _seccomp_program() -> bytes:
     """The BPF program, exported once by libseccomp (which also rejects syscalls of a foreign ABI)."""
     lib = ctypes.CDLL(ctypes.util.find_library("seccomp") or "libseccomp.so.2")
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
-                                           ctypes.POINTER(_Cmp)]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_Cmp),
+    ]
     lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
     ctx = lib.seccomp_init(_ALLOW)
     if not ctx:
         raise OSError("seccomp_init failed")
     try:
+
         def rule(name: str, action: int, *cmps: _Cmp) -> None:
             nr = lib.seccomp_syscall_resolve_name(name.encode())
             if nr == -1:  # not a syscall this libseccomp knows: nothing to refuse
@@ -171,13 +221,31 @@ def _python_dirs() -> list[str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bwrap_base() -> tuple[str, ...]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
-    args = [bwrap, "--unshare-all", "--unshare-user", "--uid", str(UID), "--gid", str(UID), "--hostname", "sandbox",
-            "--die-with-parent", "--as-pid-1", "--new-session", "--cap-drop", "ALL", "--clearenv", "--ro-bind", "/usr", "/usr"]
+    args = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        str(UID),
+        "--gid",
+        str(UID),
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--as-pid-1",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--clearenv",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):  # merged /usr: keep the link
             args += ["--symlink", os.readlink(top), top]
@@ -211,12 +279,33 @@ _PROLOGUE = textwrap.dedent(
 
 def _strict_command(code_file: str, seccomp_fd: int, info_fd: int, timeout_s: float, memory_mb: int) -> list[str]:
     # the root and /dev are tmpfs mounts bwrap makes; read-only once everything is mounted on them
-    return [*_bwrap_base(), "--info-fd", str(info_fd), "--ro-bind", code_file, CODE_PATH, "--remount-ro", "/dev", "--remount-ro", "/",
-            "--seccomp", str(seccomp_fd), "--",
-            sys.executable, "-I", "-B", "-X", "utf8", "-c", _PROLOGUE, str(memory_mb << 20), str(int(timeout_s) + 1)]
+    return [
+        *_bwrap_base(),
+        "--info-fd",
+        str(info_fd),
+        "--ro-bind",
+        code_file,
+        CODE_PATH,
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--seccomp",
+        str(seccomp_fd),
+        "--",
+        sys.executable,
+        "-I",
+        "-B",
+        "-X",
+        "utf8",
+        "-c",
+        _PROLOGUE,
+        str(memory_mb << 20),
+        str(int(timeout_s) + 1),
+    ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def strict_unavailable() -> str | None:
     """Why the strict sandbox cannot run here, or None when it can (checked once per process by a trial run)."""
     if not sys.platform.startswith("linux"):
@@ -251,8 +340,12 @@ def require(mode: str) -> str:
             )
     elif not _warned_weak:
         _warned_weak = True
-        warnings.warn("sandbox='weak': model code runs under an audit hook only, which hostile code can defeat; "
-                      "see trace_rl.envs.sandbox", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "sandbox='weak': model code runs under an audit hook only, which hostile code can defeat; "
+            "see trace_rl.envs.sandbox",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return mode
 
 
@@ -341,8 +434,15 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int) ->
             os.close(seccomp_w)
             cmd = _strict_command(script, seccomp_r, info_w, timeout_s, memory_mb)
             start = time.monotonic()
-            proc = subprocess.Popen(cmd, env=dict(_ENV), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, pass_fds=(seccomp_r, info_w), cwd=work)
+            proc = subprocess.Popen(
+                cmd,
+                env=dict(_ENV),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(seccomp_r, info_w),
+                cwd=work,
+            )
         finally:
             for fd in (seccomp_r, info_w):
                 os.close(fd)
@@ -431,9 +531,14 @@ def _run_weak(code: str, timeout_s: float, memory_mb: int, max_output: int) -> S
         env = {**_ENV, "HOME": work, "TMPDIR": work}
         start = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", "-X", "utf8", script], cwd=work, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=lambda: _weak_limits(memory_mb, int(timeout_s) + 1),
+            [sys.executable, "-I", "-B", "-X", "utf8", script],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=lambda: _weak_limits(memory_mb, int(timeout_s) + 1),  # noqa: PLW1509  (weak mode only)
         )
 
         def kill() -> None:  # the whole group: what the code started goes too, unless it left the group
@@ -445,8 +550,9 @@ def _run_weak(code: str, timeout_s: float, memory_mb: int, max_output: int) -> S
         return _finish(proc, start + timeout_s, max_output, kill)
 
 
-def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 1024, max_output: int = 2000,
-               mode: str = "strict") -> SandboxResult:
+def run_python(
+    code: str, timeout_s: float = 5.0, memory_mb: int = 1024, max_output: int = 2000, mode: str = "strict"
+) -> SandboxResult:
     """Run `code` contained as the module docstring says; never raises for anything the code does.
 
     Raises ValueError for an unknown `mode` and SandboxUnavailable when `mode="strict"` cannot run here.
