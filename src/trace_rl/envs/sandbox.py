@@ -2,28 +2,30 @@
 namespaces are unavailable and the user opts in by name, by an audit hook inside the child (`weak`).
 
 strict (bubblewrap + a seccomp filter built with libseccomp) covers, for every call:
-- processes: a new PID namespace (no host process is visible, so none can be signalled or traced; the
-  namespace dies with its init when the call ends or is killed), a new session, die-with-parent; a seccomp
-  filter refuses fork/vfork, clone without CLONE_THREAD (threads still work), clone3, ptrace, process_vm_*,
+- processes: a new PID namespace whose pid 1 is the snippet itself (no host process is visible, so none can
+  be signalled or traced; killing it ends the namespace), a new session, die-with-parent; a seccomp filter
+  refuses fork/vfork, clone without CLONE_THREAD (threads still work), clone3, ptrace, process_vm_*,
   unshare/setns, mount and friends, bpf, perf_event_open, userfaultfd, io_uring, keyrings and module loading,
-  so the snippet is the only process; RLIMIT_NPROC as well, which binds only when the caller is not root;
+  so the snippet stays the only process; RLIMIT_NPROC as well, which binds only when the caller is not root;
 - network: a new network namespace with loopback only, and socket()/socketpair() refused for every family
   but AF_UNIX: no connection and no DNS lookup leaves the sandbox;
 - files: a new mount namespace holding only an allow-list, read-only (/usr and the /lib, /bin links, the
-  interpreter's prefixes, the dynamic loader's files from /etc), a fresh /dev, a fresh /proc of the new PID
-  namespace (never the host's), and a size-capped tmpfs at /tmp as the only writable place and working
-  directory; so /etc/shadow, /root and the rest of the host's files are absent, not merely refused;
+  interpreter's prefixes, the dynamic loader's files from /etc), a minimal /dev, the root and /dev remounted
+  read-only, no /proc and no /sys at all, and a size-capped tmpfs at /tmp as the only writable place and
+  working directory; so /etc/shadow, /root's contents and the rest of the host's files are absent, not
+  merely refused;
 - identity and secrets: uid/gid 65534 inside a new user namespace, no capabilities, no_new_privs, an
-  environment of a few fixed variables (the sandbox's /proc/1/environ, that of its init, holds the same);
+  environment of a few fixed variables, and no /proc to read another process's environment from;
 - limits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, no core files, set before the
   snippet runs; a wall-clock limit enforced from outside by killing the sandbox;
 - the host: stdout and stderr are read as they come and the host keeps at most 4 * `max_output` bytes of
   each (the rest is read and dropped), so 1 GiB of output costs the host no memory.
 Not covered: a kernel bug reachable through the syscalls that remain allowed (a VM or gVisor is the answer
 to that); the wall-clock time and CPU the snippet may use up to its limits; tmpfs pages, which count
-against the host's memory up to TMPFS_MB; reads of the allow-listed, world-readable files. When the caller
-is root, the uid outside maps to root, so RLIMIT_NPROC does not bind: the seccomp filter is what stops
-new processes.
+against the host's memory up to TMPFS_MB; reads of the allow-listed files. When the caller is root, the
+uid inside maps to root outside: files of the allow-list that only root may read are readable, and
+RLIMIT_NPROC does not bind, so the seccomp filter is what stops new processes; /proc and /sys are left out
+because root-owned entries there (sysctls) would be writable.
 
 weak (`sandbox="weak"`, warns once per process) runs the child with the same rlimits, wall clock and
 incremental output cap, and a PEP 578 audit hook that refuses writes outside a temporary directory, process
