@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The math env's strict sandbox needs bubblewrap (and libseccomp); install them quietly where apt can, never fatal.
+command -v bwrap >/dev/null || { command -v apt-get >/dev/null && (apt-get update -qq && apt-get install -y -qq \
+  bubblewrap libseccomp2) >/dev/null 2>&1 || true; }
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=".venv/bin/python -m pip install -q --disable-pip-version-check"
 $PIP --upgrade pip

@@ -3,7 +3,9 @@
 `reset(task) -> observation`, `step(action_text) -> (observation, reward, done, info)`, `fork()` for branching:
 a fork continues from the exact state after the last step, and steps taken in it never touch the parent or
 another fork. Bad model output is never an exception: it becomes an observation that says what was wrong,
-and the episode goes on until its turn limit.
+and the episode goes on until its turn limit. A tool that fails anyway (a bug, a backend that is down) gives
+an observation naming the error, with the exception's type in info["tool_error"] so it is still seen; every
+observation is capped at MAX_OBSERVATION_CHARS, keeping its head, so no action can flood the context.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
+MAX_OBSERVATION_CHARS = 8000
 ACTION_RE = re.compile(r"Action:\s*([A-Za-z_][\w\-]*)\s*\[(.*)\]\s*$", re.DOTALL)
 
 
@@ -25,7 +28,7 @@ class AgentEnv(Protocol):
 
     def step(self, action: str) -> tuple[str, float, bool, dict]: ...
 
-    def fork(self) -> "AgentEnv": ...
+    def fork(self) -> AgentEnv: ...
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,21 @@ def parse_action(text: str, tools: tuple[str, ...]) -> ParsedAction:
         return ParsedAction(thought, None, "", f"Invalid action format. Write: Action: {expected}")
     tool, arg = m.group(1), m.group(2).strip()
     if tool not in tools:
-        return ParsedAction(thought, None, arg, f"Unknown tool '{tool}'. Available: {expected}")
+        return ParsedAction(thought, None, arg, f"Unknown tool '{tool[:40]}'. Available: {expected}")
     return ParsedAction(thought, tool, arg)
+
+
+def cap_observation(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
+    """`text` cut to `limit` characters (its head), saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    note = f"\n[... {len(text) - limit} more characters cut]"
+    return text[: max(0, limit - len(note))] + note
+
+
+def tool_failure(err: BaseException) -> tuple[str, dict]:
+    """The observation and info for a tool that raised: the episode goes on, the error stays visible."""
+    return f"Error: the tool failed ({type(err).__name__}: {str(err)[:200]})", {"tool_error": type(err).__name__}
 
 
 class ToolEnv:
@@ -64,6 +80,7 @@ class ToolEnv:
 
     tools: tuple[str, ...] = ()
     system: str = ""
+    max_observation_chars: int = MAX_OBSERVATION_CHARS
 
     def __init__(self, max_turns: int = 6):
         self.max_turns = max_turns
@@ -89,10 +106,15 @@ class ToolEnv:
         if parsed.tool is None:
             obs, reward, info = parsed.error, 0.0, {"valid_action": False}
         else:
-            obs, reward, info = self.act(parsed)
+            try:
+                obs, reward, info = self.act(parsed)
+            except Exception as err:  # noqa: BLE001  model text must never crash the trainer; a bug still shows in info
+                obs, info = tool_failure(err)
+                reward, info["valid_action"] = 0.0, False
+        obs = cap_observation(obs, self.max_observation_chars)
         if not self.done and self.turn >= self.max_turns:
             self.done, obs = True, obs + "\nTurn limit reached."
         return obs, reward, self.done, info
 
-    def fork(self) -> "ToolEnv":
+    def fork(self) -> ToolEnv:
         return copy.copy(self)

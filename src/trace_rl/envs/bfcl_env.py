@@ -22,6 +22,11 @@ run when called, as in the runner (some ground truths call one early: multi_turn
 One difference remains: the runner ends a turn on output it cannot decode; this environment answers with an
 error and lets the agent retry (those steps count towards the limit). Only calls this environment executed
 are recorded for the checker, which `eval`s them: calls with non-literal arguments never reach it.
+
+No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
+backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by
+default: the long_context backends return up to 70,000 characters by design; 10,000 calls in one action
+reached 550 KB before the cap).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import itertools
 import json
 from pathlib import Path
 
-from .base import parse_action
+from .base import cap_observation, parse_action, tool_failure
 
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT; BFCLEnv() reads the installed value
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
@@ -100,11 +105,12 @@ def describe(doc: dict) -> str:
 
 
 class BFCLEnv:
-    def __init__(self, steps_per_turn: int | None = None):
+    def __init__(self, steps_per_turn: int | None = None, max_observation_chars: int = 100_000):
         """steps_per_turn: the per-turn step limit; None means the official runner's (20)."""
         if steps_per_turn is not None and (not isinstance(steps_per_turn, int) or steps_per_turn < 1):
             raise ValueError(f"steps_per_turn must be a positive integer or None, got {steps_per_turn!r}")
         self.steps_per_turn = steps_per_turn or _official_step_limit()
+        self.max_observation_chars = max_observation_chars
         self.force_quit = False
         self.task: dict | None = None
         self.done = True
@@ -159,11 +165,17 @@ class BFCLEnv:
         parsed = parse_action(action, TOOLS)
         info = {"valid_action": parsed.tool is not None}
         if parsed.tool == "call":
-            obs, info["valid_action"] = self._run_calls(parsed.argument)
+            try:
+                obs, info["valid_action"] = self._run_calls(parsed.argument)
+            except Exception as err:  # noqa: BLE001  model text must never crash the trainer; a bug shows in info
+                obs, failure = tool_failure(err)
+                info.update(failure, valid_action=False)
         elif parsed.tool == "done":
             obs = None
         else:
             obs = parsed.error
+        if obs is not None:  # capped before the next user message is added, which is never cut
+            obs = cap_observation(obs, self.max_observation_chars)
         if parsed.tool != "done" and self.steps_in_turn > self.steps_per_turn:
             return self._force_quit(obs, info)
         if parsed.tool == "done":
@@ -192,8 +204,8 @@ class BFCLEnv:
             nodes = tree.body.elts if isinstance(tree.body, ast.Tuple) else [tree.body]
             if not nodes or not all(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) for n in nodes):
                 raise ValueError("each item must be a call like name(arg=value)")
-        except (SyntaxError, ValueError) as err:
-            return f"Error: could not parse the calls ({err}). Write: call[f(a=1), g(b='x')]", False
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # deep nesting: the latter two
+            return f"Error: could not parse the calls ({str(err)[:200]}). Write: call[f(a=1), g(b='x')]", False
         results, strings, ok = [], [], True
         for node in nodes:
             name = node.func.id
@@ -207,11 +219,16 @@ class BFCLEnv:
             try:
                 args = [ast.literal_eval(a) for a in node.args]
                 kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-            except ValueError:
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
                 results.append(f"Error: arguments of {name} must be literal values")
                 ok = False
                 continue
-            strings.append(ast.unparse(node))  # recorded for the checker only once it has run here
+            try:
+                strings.append(ast.unparse(node))  # recorded for the checker only once it has run here
+            except RecursionError:
+                results.append(f"Error: the call to {name} is nested too deeply")
+                ok = False
+                continue
             try:
                 out = getattr(owner, name)(*args, **kwargs)
                 results.append(out if isinstance(out, str) else json.dumps(out, default=str))

@@ -3,7 +3,8 @@
 Reward: math-verify's equivalence of the answer with the ground truth (LaTeX, fractions, sets, intervals...).
 math-verify times out with SIGALRM, which only works in the main thread; off the main thread we pass no
 timeout and cap the input length instead, so a worker thread never crashes on "signal only works in main
-thread".
+thread". Code runs in `envs.sandbox`: `sandbox="strict"` (the default) in kernel namespaces, refused at
+construction where they are unavailable; `sandbox="weak"` is the in-process audit hook, chosen by name only.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from .base import ToolEnv
-from .sandbox import run_python
+from .sandbox import require, run_python
 
 TOOLS = ("python", "answer")
 SYSTEM = (
@@ -47,14 +48,22 @@ class MathEnv(ToolEnv):
 
     tools, system = TOOLS, SYSTEM
 
-    def __init__(self, max_turns: int = 6, timeout_s: float = 5.0, memory_mb: int = 1024, max_output: int = 1000):
+    def __init__(
+        self,
+        max_turns: int = 6,
+        timeout_s: float = 5.0,
+        memory_mb: int = 1024,
+        max_output: int = 1000,
+        sandbox: str = "strict",
+    ):
         super().__init__(max_turns)
         self.timeout_s, self.memory_mb, self.max_output = timeout_s, memory_mb, max_output
+        self.sandbox = require(sandbox)  # fail here, not at the first python[...] of a run
 
     def act(self, parsed) -> tuple[str, float, dict]:
         if parsed.tool == "answer":
             self.done = True
             return "Submitted.", math_reward(parsed.argument, self.task["answer"]), {"valid_action": True}
         code = parsed.argument.strip().removeprefix("```python").removeprefix("```").removesuffix("```")
-        res = run_python(code, self.timeout_s, self.memory_mb, self.max_output)
+        res = run_python(code, self.timeout_s, self.memory_mb, self.max_output, mode=self.sandbox)
         return res.observation(), 0.0, {"valid_action": True, "sandbox_ok": res.ok}

@@ -2,7 +2,8 @@
 
 Reward: exact match after the usual SQuAD normalisation (lower-case, no punctuation or articles, single
 spaces) against any accepted alias; F1 is reported in info. Search results are truncated per passage so a
-long corpus entry cannot flood the context.
+long corpus entry cannot flood the context. A retriever that fails (a server that is down, after the
+retriever's own retries) gives an observation saying the search failed; the episode goes on.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ SYSTEM = (
     "Answer the question. Search the corpus as often as you need.\n"
     "Tools: search[query] returns passages; answer[text] submits a short answer.\n"
     "Example:\nWhere was the director of Jaws born?\n"
-    "Action: search[director of Jaws]\nObservation: \"Jaws (film)\" Jaws is a 1975 film directed by Steven Spielberg.\n"
-    "Action: search[Steven Spielberg birthplace]\nObservation: \"Steven Spielberg\" Spielberg was born in Cincinnati.\n"
+    'Action: search[director of Jaws]\nObservation: "Jaws (film)" Jaws is a 1975 film directed by Steven Spielberg.\n'
+    'Action: search[Steven Spielberg birthplace]\nObservation: "Steven Spielberg" Spielberg was born in Cincinnati.\n'
     "Action: answer[Cincinnati]"
 )
 
@@ -65,8 +66,16 @@ class QAEnv(ToolEnv):
         if parsed.tool == "answer":
             self.done = True
             truth = self.task["answer"]
-            return "Submitted.", exact_match(parsed.argument, truth), {"valid_action": True, "f1": f1_score(parsed.argument, truth)}
+            return (
+                "Submitted.",
+                exact_match(parsed.argument, truth),
+                {"valid_action": True, "f1": f1_score(parsed.argument, truth)},
+            )
         if not parsed.argument.strip():
             return "Error: empty query. Write: Action: search[words to look for]", 0.0, {"valid_action": False}
-        hits = self.retriever.search([parsed.argument], self.top_k)[0]
+        try:
+            hits = self.retriever.search([parsed.argument], self.top_k)[0]
+        except Exception as err:  # noqa: BLE001  a remote retriever that is down must not end the run
+            msg = f"Error: the search failed ({type(err).__name__}: {str(err)[:200]}). Try again later or answer."
+            return msg, 0.0, {"valid_action": True, "search_error": type(err).__name__}
         return "\n".join(f'"{p.title}" {p.text[: self.max_chars]}' for p, _ in hits), 0.0, {"valid_action": True}

@@ -1,32 +1,484 @@
-"""Run model-written Python in a separate process, contained.
+"""Run model-written Python in a separate process, contained by the kernel (`strict`, the default) or, where
+namespaces are unavailable and the user opts in by name, by an audit hook inside the child (`weak`).
 
-What it covers:
-- wall-clock limit: the child runs in its own process group, killed as a group when time is up;
-- memory: RLIMIT_AS (an allocation beyond it raises MemoryError inside the child);
-- CPU time (RLIMIT_CPU), file size (RLIMIT_FSIZE) and open files (RLIMIT_NOFILE);
-- a fresh temporary working directory, deleted afterwards;
-- an audit hook (PEP 578, cannot be removed by the code it watches) that refuses: opening files for writing
-  outside the working directory, deleting/renaming/creating files or folders outside it, starting processes
-  (fork, exec, spawn, subprocess, os.system), opening sockets (no network), and loading C libraries from
-  outside the Python installation via ctypes;
-- output truncated to `max_output` characters per stream.
-What it does not cover: reads anywhere the user can read; ctypes calls into the already-loaded C library
-(numpy needs `ctypes.CDLL(None)`), though any process started that way dies with the group; RLIMIT_NPROC,
-which Linux ignores for root; a bug in CPython itself; resource use by the
-modules the code imports before a limit bites. It is a guard for honest mistakes and careless model code
-(loops, huge allocations, stray writes), not a jail for an adversary: use a container or gVisor for that.
+strict (bubblewrap + a seccomp filter built with libseccomp) covers, for every call:
+- processes: a new PID namespace whose pid 1 is the snippet itself (no host process is visible, so none can
+  be signalled or traced; killing it ends the namespace), a new session, die-with-parent; a seccomp filter
+  refuses fork/vfork, clone without CLONE_THREAD (threads still work), clone3, ptrace, process_vm_*,
+  unshare/setns, mount and friends, bpf, perf_event_open, userfaultfd, io_uring, keyrings and module loading,
+  so the snippet stays the only process; RLIMIT_NPROC as well, which binds only when the caller is not root;
+- network: a new network namespace with loopback only, and socket()/socketpair() refused for every family
+  but AF_UNIX: no connection and no DNS lookup leaves the sandbox;
+- files: a new mount namespace holding only an allow-list, read-only (/usr and the /lib, /bin links, the
+  interpreter's prefixes, the dynamic loader's files from /etc), a minimal /dev, the root and /dev remounted
+  read-only, no /proc and no /sys at all, and a size-capped tmpfs at /tmp as the only writable place and
+  working directory; so /etc/shadow, /root's contents and the rest of the host's files are absent, not
+  merely refused;
+- identity and secrets: uid/gid 65534 inside a new user namespace, no capabilities, no_new_privs, an
+  environment of a few fixed variables, and no /proc to read another process's environment from;
+- limits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, no core files, set before the
+  snippet runs; a wall-clock limit enforced from outside by killing the sandbox;
+- the host: stdout and stderr are read as they come and the host keeps at most 4 * `max_output` bytes of
+  each (the rest is read and dropped), so 1 GiB of output costs the host no memory.
+Not covered: a kernel bug reachable through the syscalls that remain allowed (a VM or gVisor is the answer
+to that); the wall-clock time and CPU the snippet may use up to its limits; tmpfs pages, which count
+against the host's memory up to TMPFS_MB; reads of the allow-listed files. When the caller is root, the
+uid inside maps to root outside: files of the allow-list that only root may read are readable, and
+RLIMIT_NPROC does not bind, so the seccomp filter is what stops new processes; /proc and /sys are left out
+because root-owned entries there (sysctls) would be writable.
+
+weak (`sandbox="weak"`, warns once per process) runs the child with the same rlimits, wall clock and
+incremental output cap, and a PEP 578 audit hook that refuses writes outside a temporary directory, process
+creation, sockets and foreign C libraries. Pure Python can defeat the hook (gc can reach its tables), ctypes
+reaches libc, and the child sees the host's processes and files: a guard for careless code, not a jail.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import functools
+import json
 import os
+import selectors
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
+import warnings
 from dataclasses import dataclass
 
+MODES = ("strict", "weak")
+TMPFS_MB = 64  # the only writable place inside; its pages are host memory
+FSIZE_MB = 16
+NOFILE = 64
+NPROC = 64
+UID = 65534  # nobody
+CODE_PATH = "/code/main.py"
+_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+class SandboxUnavailable(RuntimeError):
+    """The strict sandbox cannot run here; the message says why and how to opt into the weak mode."""
+
+
+@dataclass
+class SandboxResult:
+    stdout: str
+    stderr: str
+    returncode: int | None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def observation(self) -> str:
+        """What the agent sees: output, or the error's last line, or what stopped the run."""
+        if self.timed_out:
+            return f"Error: the code ran past the time limit and was stopped.\n{self.stdout}".strip()
+        if self.returncode not in (0, None):
+            lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
+            last = lines[-1] if lines else f"exit status {self.returncode}"
+            if self.returncode < 0:
+                last = f"killed by signal {-self.returncode} (memory or CPU limit?)"
+            return f"{self.stdout}\nError: {last}".strip()
+        return self.stdout.strip() or "(no output; use print() to see values)"
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"sandbox must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    return mode
+
+
+# -- strict: seccomp filter ---------------------------------------------------------------------------------------
+_DENY = (
+    "fork",
+    "vfork",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "mount_setattr",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "quotactl",
+    "syslog",
+    "lookup_dcookie",
+)
+_ALLOW = 0x7FFF0000  # SCMP_ACT_ALLOW; a syscall of a foreign ABI kills (libseccomp's default)
+_CMP_NE, _CMP_MASKED_EQ = 1, 7  # enum scmp_compare
+_CLONE_THREAD = 0x00010000
+
+
+def _errno_action(code: int) -> int:
+    return 0x00050000 | code  # SCMP_ACT_ERRNO(code)
+
+
+class _Cmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+
+@functools.cache
+def _seccomp_program() -> bytes:
+    """The BPF program, exported once by libseccomp (which also rejects syscalls of a foreign ABI)."""
+    lib = ctypes.CDLL(ctypes.util.find_library("seccomp") or "libseccomp.so.2")
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_Cmp),
+    ]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    ctx = lib.seccomp_init(_ALLOW)
+    if not ctx:
+        raise OSError("seccomp_init failed")
+    try:
+
+        def rule(name: str, action: int, *cmps: _Cmp) -> None:
+            nr = lib.seccomp_syscall_resolve_name(name.encode())
+            if nr == -1:  # not a syscall this libseccomp knows: nothing to refuse
+                return
+            arr = (_Cmp * len(cmps))(*cmps) if cmps else None
+            if lib.seccomp_rule_add_array(ctx, action, nr, len(cmps), arr) != 0:
+                raise OSError(f"seccomp rule for {name} was rejected")
+
+        for name in _DENY:
+            rule(name, _errno_action(errno.EPERM))
+        # threads are clone(CLONE_THREAD | ...); anything else would be a new process
+        rule("clone", _errno_action(errno.EPERM), _Cmp(0, _CMP_MASKED_EQ, _CLONE_THREAD, 0))
+        # clone3 hides its flags in memory a filter cannot read; ENOSYS makes libc fall back to clone
+        rule("clone3", _errno_action(errno.ENOSYS))
+        for name in ("socket", "socketpair"):
+            rule(name, _errno_action(errno.EPERM), _Cmp(0, _CMP_NE, 1, 0))  # 1 = AF_UNIX
+        with tempfile.TemporaryFile() as fh:
+            if lib.seccomp_export_bpf(ctx, fh.fileno()) != 0:
+                raise OSError("seccomp_export_bpf failed")
+            fh.seek(0)
+            return fh.read()
+    finally:
+        lib.seccomp_release(ctx)
+
+
+# -- strict: the bubblewrap command -------------------------------------------------------------------------------
+def _python_dirs() -> list[str]:
+    """The interpreter's prefixes (venv and base), as given and resolved, minus those already under /usr."""
+    dirs = set()
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)):
+        dirs.update({os.path.abspath(p), os.path.realpath(p)})
+    out: list[str] = []
+    for d in sorted(dirs, key=len):
+        if d in ("/", "") or not os.path.isdir(d):
+            continue
+        if any(d == o or d.startswith(o.rstrip("/") + "/") for o in ["/usr", *out]):
+            continue
+        out.append(d)
+    return out
+
+
+@functools.cache
+def _bwrap_base() -> tuple[str, ...]:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
+    args = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        str(UID),
+        "--gid",
+        str(UID),
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--as-pid-1",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--clearenv",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):  # merged /usr: keep the link
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
+        args += ["--ro-bind-try", etc, etc]
+    for d in _python_dirs():
+        args += ["--ro-bind", d, d]
+    args += ["--dev", "/dev", "--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    for key, value in _ENV.items():
+        args += ["--setenv", key, value]
+    return tuple(args)
+
+
+# Runs inside before the snippet: the limits first, then the snippet as __main__. The snippet cannot undo a
+# hard rlimit (raising one needs CAP_SYS_RESOURCE in the initial user namespace).
+_PROLOGUE = textwrap.dedent(
+    """
+    import resource as _r, runpy as _p, sys as _s
+    _m, _c = int(_s.argv[1]), int(_s.argv[2])
+    for _k, _v in ((_r.RLIMIT_AS, _m), (_r.RLIMIT_CPU, _c), (_r.RLIMIT_FSIZE, %d), (_r.RLIMIT_NOFILE, %d),
+                   (_r.RLIMIT_NPROC, %d), (_r.RLIMIT_CORE, 0)):
+        _r.setrlimit(_k, (_v, _v + 1) if _k == _r.RLIMIT_CPU else (_v, _v))
+    _s.argv = ["main.py"]
+    del _r, _m, _c, _k, _v
+    _p.run_path("%s", run_name="__main__")
+    """
+) % (FSIZE_MB << 20, NOFILE, NPROC, CODE_PATH)
+
+
+def _strict_command(code_file: str, seccomp_fd: int, info_fd: int, timeout_s: float, memory_mb: int) -> list[str]:
+    # the root and /dev are tmpfs mounts bwrap makes; read-only once everything is mounted on them
+    return [
+        *_bwrap_base(),
+        "--info-fd",
+        str(info_fd),
+        "--ro-bind",
+        code_file,
+        CODE_PATH,
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--seccomp",
+        str(seccomp_fd),
+        "--",
+        sys.executable,
+        "-I",
+        "-B",
+        "-X",
+        "utf8",
+        "-c",
+        _PROLOGUE,
+        str(memory_mb << 20),
+        str(int(timeout_s) + 1),
+    ]
+
+
+@functools.cache
+def strict_unavailable() -> str | None:
+    """Why the strict sandbox cannot run here, or None when it can (checked once per process by a trial run)."""
+    if not sys.platform.startswith("linux"):
+        return "it needs Linux namespaces"
+    try:
+        _bwrap_base()
+        _seccomp_program()
+    except SandboxUnavailable as err:
+        return str(err)
+    except (OSError, AttributeError) as err:
+        return f"libseccomp is not usable ({err})"
+    res = _run_strict("print('ok')", 20.0, 256, 400)
+    if res.stdout.strip() != "ok":
+        why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+        return f"bwrap could not set up the namespaces ({why})"
+    return None
+
+
+_warned_weak = False
+
+
+def require(mode: str) -> str:
+    """Validate `mode`; raise SandboxUnavailable for strict where it cannot run; warn once for weak."""
+    global _warned_weak
+    check_mode(mode)
+    if mode == "strict":
+        why = strict_unavailable()
+        if why is not None:
+            raise SandboxUnavailable(
+                f"the strict sandbox cannot run here: {why}. Install bubblewrap and libseccomp (scripts/install.sh "
+                "does where apt is available), or opt into the weaker in-process mode with sandbox='weak'"
+            )
+    elif not _warned_weak:
+        _warned_weak = True
+        warnings.warn(
+            "sandbox='weak': model code runs under an audit hook only, which hostile code can defeat; "
+            "see trace_rl.envs.sandbox",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return mode
+
+
+# -- running and reading ------------------------------------------------------------------------------------------
+def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool]:
+    """Read both pipes as data comes, keeping at most `cap` bytes of each; True when the deadline passed."""
+    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    timed_out = False
+    with selectors.DefaultSelector() as sel:
+        for fd in bufs:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            for key, _ in sel.select(left):
+                try:
+                    chunk = os.read(key.fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                buf = bufs[key.fd]
+                if len(buf) < cap:
+                    buf += chunk[: cap - len(buf)]
+    if not timed_out:  # both pipes closed; the process may still run
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    out, err = bufs.values()
+    return bytes(out), bytes(err), timed_out
+
+
+def _finish(proc: subprocess.Popen, deadline: float, max_output: int, kill) -> SandboxResult:
+    try:
+        out, err, timed_out = _collect(proc, deadline, 4 * max_output)
+    finally:
+        kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    clip = lambda b: b.decode("utf-8", "replace")[:max_output]
+    code = proc.returncode
+    if code is not None and code > 128 and not err.strip():  # bwrap reports a child killed by signal N as 128+N
+        code = 128 - code
+    return SandboxResult(clip(out), clip(err), None if timed_out else code, timed_out)
+
+
+def _write_code(work: str, code: str) -> str:
+    path = os.path.join(work, "main.py")
+    with open(path, "wb") as fh:  # surrogatepass: model text may hold lone surrogates; Python reports them inside
+        fh.write(code.encode("utf-8", "surrogatepass"))
+    os.chmod(path, 0o644)
+    return path
+
+
+def _read_child_pid(info_fd: int, deadline: float) -> int | None:
+    """The sandbox's host pid from bwrap's --info-fd JSON, written right after the namespaces are made."""
+    data = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(info_fd, selectors.EVENT_READ)
+        while b"}" not in data and sel.select(max(0.0, deadline - time.monotonic())):
+            chunk = os.read(info_fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    try:
+        return int(json.loads(data)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int) -> SandboxResult:
+    program = _seccomp_program()
+    with tempfile.TemporaryDirectory(prefix="trace-rl-sandbox-") as work:
+        os.chmod(work, 0o755)
+        script = _write_code(work, code)
+        seccomp_r, seccomp_w = os.pipe()
+        info_r, info_w = os.pipe()
+        try:
+            os.write(seccomp_w, program)  # a few hundred bytes: fits the pipe buffer, so no reader is needed yet
+            os.close(seccomp_w)
+            cmd = _strict_command(script, seccomp_r, info_w, timeout_s, memory_mb)
+            start = time.monotonic()
+            proc = subprocess.Popen(
+                cmd,
+                env=dict(_ENV),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(seccomp_r, info_w),
+                cwd=work,
+            )
+        finally:
+            for fd in (seccomp_r, info_w):
+                os.close(fd)
+        try:
+            child = _read_child_pid(info_r, start + timeout_s)
+            pidfd = os.pidfd_open(child) if child is not None and hasattr(os, "pidfd_open") else None
+        except OSError:  # the child has already gone
+            child = pidfd = None
+        finally:
+            os.close(info_r)
+
+        def kill() -> None:
+            # The snippet is pid 1 of its namespace: killing it ends the namespace, and bwrap, still alive,
+            # reaps it. Killing bwrap first would leave it a zombie for the host's init to reap (or not).
+            try:
+                if proc.poll() is None and pidfd is not None:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                elif proc.poll() is None and child is not None:
+                    os.kill(child, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()  # die-with-parent takes the namespace down with it
+
+        try:
+            return _finish(proc, start + timeout_s, max_output, kill)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+
+# -- weak: the audit hook -----------------------------------------------------------------------------------------
 _GUARD = textwrap.dedent(
     """
     import os as _os, sys as _sys
@@ -61,71 +513,52 @@ _GUARD = textwrap.dedent(
 )
 
 
-@dataclass
-class SandboxResult:
-    stdout: str
-    stderr: str
-    returncode: int | None
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
-
-    def observation(self) -> str:
-        """What the agent sees: output, or the error's last line, or what stopped the run."""
-        if self.timed_out:
-            return f"Error: the code ran past the time limit and was stopped.\n{self.stdout}".strip()
-        if self.returncode not in (0, None):
-            lines = [l for l in self.stderr.strip().splitlines() if l.strip()]
-            last = lines[-1] if lines else f"exit status {self.returncode}"
-            if self.returncode < 0:
-                last = f"killed by signal {-self.returncode} (memory or CPU limit?)"
-            return f"{self.stdout}\nError: {last}".strip()
-        return self.stdout.strip() or "(no output; use print() to see values)"
-
-
-def _limits(memory_mb: int, cpu_s: int) -> None:
+def _weak_limits(memory_mb: int, cpu_s: int) -> None:
     import resource
 
     mem = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024 * 1024, 16 * 1024 * 1024))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_MB << 20, FSIZE_MB << 20))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
     try:  # ignored for root, effective otherwise
         resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
     except (ValueError, OSError):
         pass
 
 
-def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 1024, max_output: int = 2000) -> SandboxResult:
-    """Run `code` with the limits above; never raises for anything the code does."""
+def _run_weak(code: str, timeout_s: float, memory_mb: int, max_output: int) -> SandboxResult:
     with tempfile.TemporaryDirectory(prefix="trace-rl-sandbox-") as work:
-        script = os.path.join(work, "main.py")
-        with open(script, "w", encoding="utf-8") as fh:
-            fh.write(_GUARD + "\ndel _os, _sys\n" + code)
-        env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-               "HOME": work, "TMPDIR": work}
+        script = _write_code(work, _GUARD + "\ndel _os, _sys\n" + code)
+        env = {**_ENV, "HOME": work, "TMPDIR": work}
+        start = time.monotonic()
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", script], cwd=work, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=lambda: _limits(memory_mb, int(timeout_s) + 1),
+            [sys.executable, "-I", "-B", "-X", "utf8", script],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=lambda: _weak_limits(memory_mb, int(timeout_s) + 1),  # noqa: PLW1509  (weak mode only)
         )
-        timed_out = False
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+
+        def kill() -> None:  # the whole group: what the code started goes too, unless it left the group
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            out, err = proc.communicate()
-        finally:
-            try:  # anything the code left behind in its group goes too
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        clip = lambda b: b.decode("utf-8", "replace")[:max_output]
-        return SandboxResult(clip(out), clip(err), None if timed_out else proc.returncode, timed_out)
+
+        return _finish(proc, start + timeout_s, max_output, kill)
+
+
+def run_python(
+    code: str, timeout_s: float = 5.0, memory_mb: int = 1024, max_output: int = 2000, mode: str = "strict"
+) -> SandboxResult:
+    """Run `code` contained as the module docstring says; never raises for anything the code does.
+
+    Raises ValueError for an unknown `mode` and SandboxUnavailable when `mode="strict"` cannot run here.
+    """
+    require(mode)
+    run = _run_strict if mode == "strict" else _run_weak
+    return run(code, timeout_s, memory_mb, max_output)
