@@ -77,7 +77,7 @@ def allocate_knapsack_rl(
     if placed:
         pl, w = p[idx], knapsack_rl_weight(p[idx])
         # unit u of the extras is rollout min_n + u: its gain is w * (f(p, min_n + u) - f(p, min_n + u - 1))
-        gains = lambda lo, hi: w[:, None] * _unit_gains(pl, lo + min_n, hi + min_n)  # noqa: E731
+        gains = lambda lo, hi: w[:, None] * _unit_gains(pl, lo + min_n, hi + min_n)
         m[idx] += _top_units(gains, idx.size, width, placed, _tie_order(idx.size, seed))
     left = extra - placed
     if left:
