@@ -1,6 +1,9 @@
-"""Allocator speed: TRACE's exact root allocator vs the plain O(B*M*m_max) knapsack DP (as Knapsack RL uses).
+"""Allocator speed and value: TRACE's exact allocators, and Knapsack RL's objective solved by
+trace_rl.knapsack against Knapsack RL's own DP (bench/knapsack_rl_reference.py, a faithful copy).
 
-Prints figures, asserts nothing. Run on one core: `python bench/bench_allocation.py`.
+Prints figures, asserts nothing. Run on one core: `PYTHONPATH=src python bench/bench_allocation.py`.
+Knapsack RL's DP runs under numba when it is importable, as upstream's does (the pure-Python path is
+skipped above a size where it would take minutes); pass a PYTHONPATH holding numba to time that path.
 Goals (issue 2): B=1,024, M=2,048, m_max=16 in <= 1 ms; B=100,000, M=200,000 in <= 200 ms.
 """
 
@@ -11,11 +14,17 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import time  # noqa: E402
+import sys
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from trace_rl.allocation import allocate_prefixes, allocate_roots, root_value  # noqa: E402
+from trace_rl.allocation import allocate_prefixes, allocate_roots, root_value
+from trace_rl.knapsack import allocate_knapsack_rl, knapsack_rl_value
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import knapsack_rl_reference as upstream
 
 
 def knapsack_dp(v: np.ndarray, budget: int, max_per_prompt: int) -> float:
@@ -47,7 +56,7 @@ def main() -> None:
     print(f"{'case':<28}{'best ms':>10}{'median ms':>11}{'goal ms':>9}   knapsack DP")
     for B, M, goal in [(1024, 2048, 1.0), (100_000, 200_000, 200.0)]:
         v = rng.beta(0.5, 0.5, size=B)
-        best, med = best_of(lambda: allocate_roots(v, M, 16), 30 if B < 10_000 else 7)
+        best, med = best_of(lambda v=v, M=M: allocate_roots(v, M, 16), 30 if B < 10_000 else 7)
         m = allocate_roots(v, M, 16)
         if B <= 2048:
             t0 = time.perf_counter()
@@ -65,6 +74,42 @@ def main() -> None:
     q = rng.random(96)
     best, med = best_of(lambda: allocate_prefixes(q, 8 * 16), 50)
     print(f"prefixes: 96 anchors, K=128  {best * 1e3:>6.3f} ms best, {med * 1e3:.3f} ms median")
+    best, med = best_of(lambda: allocate_prefixes(q, 10**9), 5)
+    print(f"prefixes: 96 anchors, K=1e9  {best * 1e3:>6.3f} ms best, {med * 1e3:.3f} ms median")
+    knapsack_rl_table(rng)
+
+
+def knapsack_rl_table(rng: np.random.Generator) -> None:
+    """Knapsack RL's objective (bounds 2..128, p = 0 or 1 fixed at 2), our exact solver vs upstream's DP."""
+    print()
+    print(f"Knapsack RL, max_n=128; upstream DP: {'numba' if upstream.NUMBA_AVAILABLE else 'pure Python'}")
+    print(
+        f"{'case':<29}{'ours ms':>8}{'upstream ms':>13}{'x':>7}   objective: ours - upstream (relative), prompts moved"
+    )
+    # numba compiles on the first call for each argument type: warm up through the same entry point
+    warm = np.array([[1, x, 16] for x in rng.random(64)], dtype=object)
+    upstream.sampling_budget_by_knapsack(warm, n=16, max_n=128, allow_fallback=False)
+    for B, per in [(256, 3), (256, 8), (1024, 3), (1024, 8), (1024, 16)]:
+        # reward-history success rates: 16-sample means, a fifth of prompts never or always solved
+        p = rng.binomial(16, rng.beta(0.6, 0.6, size=B)) / 16
+        M = B * per
+        best, _ = best_of(lambda p=p, M=M: allocate_knapsack_rl(p, M), 7)
+        m_ours = allocate_knapsack_rl(p, M)
+        ours = knapsack_rl_value(p, m_ours)
+        live = int(((p > 0) & (p < 1)).sum())
+        work = live * (M - 2 * B) * 126
+        if not upstream.NUMBA_AVAILABLE and work > 5e7:
+            print(f"B={B:<5} M={M:<7} live={live:<5}{best * 1e3:>8.2f}{'skipped':>13}   (needs numba)")
+            continue
+        states = np.array([[1, x, 16] for x in p], dtype=object)
+        t0 = time.perf_counter()
+        m_up, _ = upstream.sampling_budget_by_knapsack(states, n=per, max_n=128, allow_fallback=False)
+        up_s = time.perf_counter() - t0
+        theirs = knapsack_rl_value(p, m_up)
+        print(
+            f"B={B:<5} M={M:<7} live={live:<5}{best * 1e3:>8.2f}{up_s * 1e3:>13.0f}{up_s / best:>7.0f}   "
+            f"{ours - theirs:+.2e} ({(ours - theirs) / theirs:+.2%}), {int((m_ours != m_up).sum())}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,24 +1,34 @@
 """Advantage estimators as pure functions of a rollout tree: node id -> advantage, each turn node once.
 
 A turn node shared by several leaves is trained once, so every estimator first defines a per-leaf (or
-per-node) signal and gives a shared node the leaf-count-weighted mean of the signals below it. On a tree of
-bare rollouts only (chains) every estimator reduces to plain per-trajectory advantages.
+per-node) signal and gives a shared node the leaf-count-weighted mean of the signals below it. Targets are
+recomputed on every call, so advantages always describe the tree as it is (a tree may grow after a first call).
 
 - grpo: r - mean(r over the prompt's leaves), optionally / std (flat GRPO; Dr.GRPO when scale="none").
-- tree_grpo (Ji et al.): prompt-group term plus a subtree term: the leaf's reward against the leaves below
-  its deepest branching ancestor, each term normalised by its own group's std when scale="std".
-- treepo (Li et al.): average over depths d of (r - mean of the leaves sharing the leaf's prefix at depth d).
+- tree_grpo (Ji et al., Tree-GRPO, as its code computes it): an inter-tree term, the leaf's reward against all
+  leaves of the prompt, plus an intra-tree term against all leaves of its tree (one bare rollout with every
+  continuation branched below it); each term is (r - mean) / (unbiased std + 1e-6) when scale="std", and a
+  group of one gets r (upstream's mean 0, std 1). So a lone bare rollout gets (r - mean) / std + r.
+- tree_grpo_nested: trace-rl's earlier variant: the intra term groups the leaves below the leaf's deepest
+  branching ancestor (nested, overlapping groups), population std, 0 for a leaf with no such ancestor.
+- treepo (Li et al., TreePO, as its code computes it): the mean, over the leaf's prefixes, of r - (mean of
+  the leaves below that prefix), where the prompt itself always counts and a deeper prefix counts only when
+  another leaf shares it; then `batch_advantages` whitens all leaves of a step together (token-weighted
+  mean, unbiased variance). `compute_advantages` on one tree returns the unwhitened values.
 - trace: a node's V^ minus the mean V^ of its siblings under the same parent (the anchor), only where the
   anchor branched, plus a root term V^(node) - V^(root). Under scale="std" both terms are divided by the
   std of the prompt's leaf rewards, one scale per tree so that deep contrasts are not inflated by their
   (small, noisy) group std.
 
-Estimators are registered by name in ADVANTAGES.
+On a tree of bare rollouts only (chains) grpo, tree_grpo_nested, treepo (before whitening) and trace reduce
+to plain per-trajectory advantages; tree_grpo adds r, its one-member intra-tree group.
+
+Estimators are registered by name in ADVANTAGES; those that normalise across a step also in BATCH_ADVANTAGES.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -34,8 +44,9 @@ def _check_scale(scale: str) -> None:
 
 
 def _prepared(tree: RolloutTree) -> RolloutTree:
-    if tree.root.leaves == 0 and tree.root.children:
-        tree.compute_targets()
+    # Always recompute: a cached V^ goes stale (or is missing on new nodes) once the tree grows, and the
+    # cost is one pass over the nodes.
+    tree.compute_targets()
     return tree
 
 
@@ -67,7 +78,30 @@ def grpo(tree: RolloutTree, scale: str = "std") -> dict[str, float]:
     return _spread_to_nodes(tree, {l.node_id: a for l, a in zip(leaves, adv)})
 
 
+def _group_term(values: np.ndarray, scale: str) -> np.ndarray:
+    """Tree-GRPO's per-group normalisation (verl's GRPO outcome advantage): a group of one has mean 0 and
+    std 1, larger groups the unbiased (n - 1) std; eps 1e-6 on the std as upstream."""
+    if values.size == 1:
+        return values / (1.0 + EPS) if scale == "std" else values.copy()
+    out = values - values.mean()
+    return out / (values.std(ddof=1) + EPS) if scale == "std" else out
+
+
 def tree_grpo(tree: RolloutTree, scale: str = "std") -> dict[str, float]:
+    _check_scale(scale)
+    leaves = _prepared(tree).leaves()
+    if not leaves:
+        return {}
+    reward = np.array([l.reward for l in leaves], dtype=float)
+    adv = _group_term(reward, scale)  # inter-tree: every leaf of the prompt
+    tree_of = np.array([l.node_id.split(".")[1] for l in leaves])  # the bare rollout a leaf descends from
+    for t in np.unique(tree_of):
+        members = tree_of == t
+        adv[members] += _group_term(reward[members], scale)  # intra-tree
+    return _spread_to_nodes(tree, {l.node_id: float(a) for l, a in zip(leaves, adv)})
+
+
+def tree_grpo_nested(tree: RolloutTree, scale: str = "std") -> dict[str, float]:
     _check_scale(scale)
     leaves = _prepared(tree).leaves()
     if not leaves:
@@ -88,22 +122,79 @@ def tree_grpo(tree: RolloutTree, scale: str = "std") -> dict[str, float]:
     return _spread_to_nodes(tree, leaf_adv)
 
 
-def treepo(tree: RolloutTree, scale: str = "none") -> dict[str, float]:
+TREEPO_WEIGHTINGS = ("average", "group_size")
+
+
+def _treepo_leaves(tree: RolloutTree, scale: str, weighting: str) -> dict[str, float]:
+    """TreePO's per-leaf advantage before whitening (upstream's `compute_tree_reinforce_plus_plus_baseline_
+    outcome_advantage` with remove_no_std_subgroup=False). weighting="average" (its launch script) takes the
+    plain mean over the counted prefixes; "group_size" (the function's default) weights each by its size."""
     _check_scale(scale)
+    if weighting not in TREEPO_WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {TREEPO_WEIGHTINGS}, got {weighting!r}")
     leaves = _prepared(tree).leaves()
-    if not leaves:
-        return {}
     leaf_adv = {}
     for leaf in leaves:
-        terms = [leaf.reward - node.target for node in tree.path(leaf.node_id)[:-1]]
-        leaf_adv[leaf.node_id] = float(np.mean(terms))
-    if scale == "std":
+        terms, sizes = [], []
+        for depth, node in enumerate(tree.path(leaf.node_id)[:-1]):
+            if depth == 0 or node.leaves > 1:  # the prompt group always counts; a prefix only when shared
+                # a group of one has mean 0 upstream, so a prompt with a single leaf gets r
+                terms.append(leaf.reward - (node.target if node.leaves > 1 else 0.0))
+                sizes.append(node.leaves)
+        weights = np.ones(len(terms)) if weighting == "average" else np.array(sizes, dtype=float)
+        leaf_adv[leaf.node_id] = float(np.dot(terms, weights) / weights.sum())
+    if scale == "std" and leaves:
         std = float(np.std(tree.rewards())) + EPS
         leaf_adv = {k: v / std for k, v in leaf_adv.items()}
-    return _spread_to_nodes(tree, leaf_adv)
+    return leaf_adv
 
 
-def trace(tree: RolloutTree, scale: str = "std", root_weight: float = 1.0, local_weight: float = 1.0) -> dict[str, float]:
+def treepo(tree: RolloutTree, scale: str = "none", weighting: str = "average") -> dict[str, float]:
+    """TreePO on one tree, unwhitened (TreePO whitens across the whole step: use `batch_advantages`).
+    scale="std" divides by the tree's reward std, a trace-rl option that upstream does not have."""
+    leaf_adv = _treepo_leaves(tree, scale, weighting)
+    return _spread_to_nodes(tree, leaf_adv) if leaf_adv else {}
+
+
+def leaf_tokens(tree: RolloutTree) -> dict[str, float]:
+    """Policy tokens of each leaf's whole trajectory (the sum of loss_mask along its path), which is how a
+    leaf row weighs in upstream's token-level whitening; 1 per turn when the tree carries no tokens (the
+    synthetic testbed)."""
+    has_tokens = any(n.loss_mask for n in tree.turns())
+    own = {n.node_id: (float(sum(n.loss_mask)) if has_tokens else 1.0) for n in tree.turns()}
+    return {l.node_id: sum(own[n.node_id] for n in tree.path(l.node_id)[1:]) for l in tree.leaves()}
+
+
+def masked_whiten(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """verl's masked_whiten over rows of `weights` tokens each: (x - mean) / sqrt(var + 1e-8), token-weighted
+    mean, variance with Bessel's correction over the token count. With at most one token there is no
+    variance to estimate (upstream raises) and the centred values are returned."""
+    total = float(weights.sum())
+    mean = float(np.dot(values, weights)) / (total + 1e-8)
+    centred = values - mean
+    if total <= 1.0:
+        return centred
+    var = float(np.dot(centred**2, weights)) / (total + 1e-8) * total / (total - 1.0)
+    return centred / np.sqrt(var + 1e-8)
+
+
+def treepo_batch(trees: list[RolloutTree], scale: str = "none", weighting: str = "average", whiten: bool = True):
+    """TreePO for one step: per-tree leaf advantages, whitened together across every leaf of the step."""
+    per_tree = [_treepo_leaves(tree, scale, weighting) for tree in trees]
+    if whiten:
+        ids = [(i, lid) for i, adv in enumerate(per_tree) for lid in adv]
+        tokens = [leaf_tokens(tree) for tree in trees]
+        if ids:
+            vals = np.array([per_tree[i][lid] for i, lid in ids])
+            wts = np.array([tokens[i][lid] for i, lid in ids])
+            for (i, lid), a in zip(ids, masked_whiten(vals, wts)):
+                per_tree[i][lid] = float(a)
+    return [_spread_to_nodes(tree, adv) if adv else {} for tree, adv in zip(trees, per_tree)]
+
+
+def trace(
+    tree: RolloutTree, scale: str = "std", root_weight: float = 1.0, local_weight: float = 1.0
+) -> dict[str, float]:
     _check_scale(scale)
     _prepared(tree)
     if not tree.root.children:
@@ -124,12 +215,18 @@ def trace(tree: RolloutTree, scale: str = "std", root_weight: float = 1.0, local
 ADVANTAGES: dict[str, Callable[..., dict[str, float]]] = {
     "grpo": grpo,
     "tree_grpo": tree_grpo,
+    "tree_grpo_nested": tree_grpo_nested,
     "treepo": treepo,
     "trace": trace,
 }
 
 
+# Estimators whose step-level result is not the per-tree one (they normalise across the step).
+BATCH_ADVANTAGES: dict[str, Callable[..., list[dict[str, float]]]] = {"treepo": treepo_batch}
+
+
 def compute_advantages(name: str, tree: RolloutTree, **kwargs) -> dict[str, float]:
+    """One tree's advantages; for treepo these are before the step-level whitening."""
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; choose from {sorted(ADVANTAGES)}")
     return ADVANTAGES[name](tree, **kwargs)
@@ -137,5 +234,7 @@ def compute_advantages(name: str, tree: RolloutTree, **kwargs) -> dict[str, floa
 
 def batch_advantages(name: str, trees: list[RolloutTree], **kwargs) -> list[dict[str, float]]:
     """Advantages of every tree of one step, in order: what a policy update consumes. Estimators that
-    normalise across the whole batch do it here; the others are per tree."""
+    normalise across the whole batch (BATCH_ADVANTAGES: treepo's whitening) do it here; the others are per tree."""
+    if name in BATCH_ADVANTAGES:
+        return BATCH_ADVANTAGES[name](list(trees), **kwargs)
     return [compute_advantages(name, tree, **kwargs) for tree in trees]

@@ -12,13 +12,16 @@ Budget rule: when sum m_i = M has no feasible solution (M = 1, M odd with m_max 
 spend the largest total below M that is feasible; `spendable_root_budget` says what that is.
 
 Prefix problem: maximise sum 1 - (1-q_j)^K_j with sum K_j = budget, K_j >= 0. Each term is concave, so
-greedy on the marginal q(1-q)^k is exact; at equal marginal the anchor with fewer continuations wins, then a
-seeded order, so budget left after every gain is zero spreads evenly and runs reproduce.
+taking the `budget` largest marginals q(1-q)^k is exact. We find their threshold by bisection on the log gain
+(64 steps of O(n) each, so the cost does not grow with the budget); units at the threshold go to the anchor
+with fewer continuations first, then in a seeded order. A marginal below the smallest positive double counts
+as zero (it has underflowed), and budget left once every gain is zero spreads evenly the same way, so runs
+reproduce.
 """
 
 from __future__ import annotations
 
-import heapq
+from collections.abc import Callable
 
 import numpy as np
 
@@ -27,7 +30,10 @@ REPAIR_CANDIDATES = 4  # prompts kept per (offset) in the repair search
 
 
 def _probabilities(name: str, x) -> np.ndarray:
-    arr = np.asarray(x, dtype=np.float64)
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a 1-D array of probabilities, got {x!r:.80}") from None
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of probabilities, got shape {arr.shape}")
     if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0):
@@ -42,6 +48,12 @@ def _budget(name: str, budget) -> int:
     if budget < 0:
         raise ValueError(f"{name} must be non-negative, got {budget}")
     return int(budget)
+
+
+def _seed(seed) -> int:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
 
 
 def root_value(v, m):
@@ -70,13 +82,16 @@ def spendable_root_budget(num_prompts: int, budget: int, max_per_prompt: int) ->
     return spend
 
 
-def _unit_gains(v: np.ndarray, max_per_prompt: int) -> np.ndarray:
-    """gains[i, u-1] = value of the u-th rollout of prompt i under the linear extension f(1) = v(1-v)."""
+def _unit_gains(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """gains[i, u-1-lo] for units u = lo+1..hi of prompt i under the linear extension f(1) = v(1-v).
+
+    Rows are non-increasing within the block; `_top_units` keeps them so across blocks.
+    """
     lam = v * (1.0 - v)
-    u = np.arange(1, max_per_prompt + 1)
+    u = np.arange(lo + 1, hi + 1)
     powers = np.clip(u - 2, 0, None)
     scale = v[:, None] ** powers + (1.0 - v[:, None]) ** powers
-    scale[:, :3] = 1.0  # units 1-3 are exactly v(1-v); keep the float ties exact
+    scale[:, u <= 3] = 1.0  # units 1-3 are exactly v(1-v); keep the float ties exact
     gains = lam[:, None] * np.minimum(scale, 1.0)
     return np.minimum.accumulate(gains, axis=1)
 
@@ -88,19 +103,43 @@ def _tie_order(n: int, seed: int) -> np.ndarray:
     return rank
 
 
-def _top_units(gains: np.ndarray, count: int, rank: np.ndarray) -> np.ndarray:
-    """Per row, how many of its leading units fall among the `count` largest unit gains (rows non-increasing).
+GainBlock = Callable[[int, int], np.ndarray]  # (lo, hi) -> gains of units lo+1..hi, one row per item
+FIRST_BLOCK = 16  # columns built before the first check; doubled until the threshold is provably inside
 
+
+def _top_units(block: GainBlock, n: int, width: int, count: int, rank: np.ndarray) -> np.ndarray:
+    """Per row, how many of its leading units fall among the `count` largest of n rows x `width` unit gains.
+
+    Rows must be non-increasing. Columns are built in doubling blocks and the search stops as soon as the
+    count-th largest gain built so far beats every gain of the next column (then no later unit can enter),
+    so a wide cap (a large max_per_prompt) costs memory only when the threshold really lies that deep.
     Units equal to the threshold go prompt by prompt in seeded order, so at most one prompt is cut mid-tie.
     """
-    if count == 0:
-        return np.zeros(gains.shape[0], dtype=np.int64)
-    flat = gains.ravel()
-    threshold = np.partition(flat, flat.size - count)[flat.size - count]
+    if count == 0 or n == 0:
+        return np.zeros(n, dtype=np.int64)
+    built = min(width, max(FIRST_BLOCK, -(-count // n)))
+    gains = block(0, built)
+    while True:
+        flat = gains.ravel()
+        threshold = np.partition(flat, flat.size - count)[flat.size - count] if count <= flat.size else -np.inf
+        if built == width:
+            rest = 0
+            break
+        nxt = np.minimum(block(built, built + 1)[:, 0], gains[:, -1])
+        if threshold > nxt.max():
+            rest = 0
+            break
+        if threshold == 0.0 and not nxt.any():
+            rest = width - built  # every unbuilt gain is zero: count those ties without building them
+            break
+        hi = min(width, 2 * built)
+        more = np.minimum(block(built, hi), gains[:, -1:])  # keep rows non-increasing across blocks
+        gains = np.concatenate([gains, np.minimum.accumulate(more, axis=1)], axis=1)
+        built = hi
     m = (gains > threshold).sum(axis=1)
     need = count - int(m.sum())
     if need:
-        at = (gains == threshold).sum(axis=1)
+        at = (gains == threshold).sum(axis=1) + np.where(gains[:, -1] == threshold, rest, 0)
         tied = np.flatnonzero(at)
         tied = tied[np.argsort(rank[tied], kind="stable")]
         before = np.concatenate(([0], np.cumsum(at[tied])[:-1]))
@@ -112,20 +151,25 @@ def allocate_roots(v, budget: int, max_per_prompt: int, seed: int = 0, skip: boo
     """Exact optimum of TRACE's root allocation; m_i = 0 skips prompt i.
 
     Spends `spendable_root_budget(len(v), budget, max_per_prompt)` rollouts (= budget whenever feasible).
-    With skip=False (Knapsack RL's setting) every prompt gets at least 2 and the budget must cover that.
+    With skip=False every prompt gets at least 2 and the budget must cover that (TRACE's objective
+    without skipping; Knapsack RL's own weighted objective is `trace_rl.knapsack.allocate_knapsack_rl`).
+    No prompt can take more than the budget, so max_per_prompt is capped there: memory and time follow
+    min(max_per_prompt, budget), and the columns of unit gains are built only as deep as the threshold.
     """
     v = _probabilities("v", v)
     budget = _budget("budget", budget)
+    seed = _seed(seed)
     if isinstance(max_per_prompt, bool) or not isinstance(max_per_prompt, (int, np.integer)) or max_per_prompt < 2:
         raise ValueError(f"max_per_prompt must be an integer >= 2 (m = 1 gives no contrast), got {max_per_prompt!r}")
-    max_per_prompt = int(max_per_prompt)
+    max_per_prompt = int(min(max_per_prompt, max(budget, 2)))
     n = v.size
     rank = _tie_order(n, seed)
     if not skip:
         if budget < 2 * n:
             raise ValueError(f"budget {budget} cannot give each of the {n} prompts 2 rollouts (skip=False)")
         spend = min(budget, n * max_per_prompt)
-        return 2 + _top_units(_unit_gains(v, max_per_prompt)[:, 2:], spend - 2 * n, rank)
+        extra = _top_units(lambda lo, hi: _unit_gains(v, lo + 2, hi + 2), n, max_per_prompt - 2, spend - 2 * n, rank)
+        return 2 + extra
     spend = spendable_root_budget(n, budget, max_per_prompt)
     m = np.zeros(n, dtype=np.int64)
     if spend == 0:
@@ -134,7 +178,7 @@ def allocate_roots(v, budget: int, max_per_prompt: int, seed: int = 0, skip: boo
         order = np.lexsort((rank, -v * (1.0 - v)))
         m[order[: spend // 2]] = 2
         return m
-    m = _top_units(_unit_gains(v, max_per_prompt), spend, rank)
+    m = _top_units(lambda lo, hi: _unit_gains(v, lo, hi), n, max_per_prompt, spend, rank)
     for p in np.flatnonzero(m == 1):  # at most one: the threshold cut a prompt after its first unit
         _repair(m, v, int(p), max_per_prompt, rank)
     return m
@@ -185,24 +229,83 @@ def _repair(m: np.ndarray, v: np.ndarray, p: int, max_per_prompt: int, rank: np.
         m[i] += d
 
 
+LOG_TINY = float(np.log(np.nextafter(0.0, 1.0)))  # log of the smallest positive double: below it a gain is 0
+
+
+def _prefix_counts(log_q: np.ndarray, slope: np.ndarray, mu: float) -> np.ndarray:
+    """K_j(mu) = #{k >= 0 : log q_j + k log(1 - q_j) > mu}, the units of anchor j whose log gain beats mu."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = (mu - log_q) / slope  # > 0 where the first unit beats mu; slope = -inf (q = 1) gives 0 -> 1 unit
+    k = np.ceil(np.clip(np.where(np.isnan(x), 0.0, x), 0.0, 2.0**62)).astype(np.int64)
+    k = np.where(slope == -np.inf, 1, k)
+    return np.where(log_q > mu, np.maximum(k, 1), 0)
+
+
+def _water_fill(k: np.ndarray, cap: np.ndarray, units: int, rank: np.ndarray) -> np.ndarray:
+    """Add `units` one at a time, each to the anchor with the fewest so far among those under their cap, ties
+    by seeded rank, in O(n) per step of a bisection on the final level (so not per unit)."""
+    if units == 0:
+        return k
+    hi_cap = k + cap  # cap may be huge (int64): no overflow because both stay below 2**62 + budget
+
+    def placed(level: int) -> int:
+        return int(np.sum(np.clip(np.minimum(level, hi_cap) - k, 0, None)))
+
+    open_ = cap > 0
+    if not open_.any():
+        raise RuntimeError("prefix allocation has budget left and no anchor to take it; please report this instance")
+    # placed(lo) = 0 <= units and placed(hi + 1) > units: find the largest level that places at most `units`
+    lo, hi = int(k[open_].min()), int(k[open_].max()) + units
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if placed(mid) <= units else (lo, mid - 1)
+    out = np.maximum(k, np.minimum(lo, hi_cap))
+    left = units - int(np.sum(out - k))
+    if left:  # anchors that sit at the level and can take one more, in seeded order
+        room = np.flatnonzero((out == lo) & (hi_cap > lo))
+        room = room[np.argsort(rank[room], kind="stable")][:left]
+        out[room] += 1
+    return out
+
+
 def allocate_prefixes(flip_prob, budget: int, seed: int = 0) -> np.ndarray:
     """Exact optimum of TRACE's prefix allocation: K_j >= 0, sum K_j = budget, max sum 1 - (1 - q_j)^K_j.
 
+    Takes the `budget` largest marginal gains q_j (1 - q_j)^k, found through a threshold on their logarithm,
+    so time is O(n) per bisection step (at most 64 steps on the bits of a double), whatever the budget.
+    Units at the threshold (within a double's resolution) go first to the anchor with fewer continuations,
+    then in a seeded order; a gain below the smallest positive double counts as zero, and budget left once
+    every gain is zero spreads evenly by the same rule (fewest continuations first, then seeded order).
     With no anchors the budget cannot be spent and all-zero (empty) is returned; callers account for it.
     """
     q = _probabilities("flip_prob", flip_prob)
     budget = _budget("budget", budget)
-    k = np.zeros(q.size, dtype=np.int64)
+    seed = _seed(seed)
     if q.size == 0 or budget == 0:
-        return k
+        return np.zeros(q.size, dtype=np.int64)
     rank = _tie_order(q.size, seed)
-    heap = [(-float(qj), 0, int(rank[j]), j) for j, qj in enumerate(q)]
-    heapq.heapify(heap)
-    for _ in range(budget):
-        neg_gain, kj, r, j = heapq.heappop(heap)
-        k[j] = kj + 1
-        heapq.heappush(heap, (neg_gain * (1.0 - q[j]), kj + 1, r, j))
-    return k
+    with np.errstate(divide="ignore"):
+        log_q, slope = np.log(q), np.log1p(-q)  # q = 0: no positive gain; q = 1: one unit of gain 1
+    positive = _prefix_counts(log_q, slope, LOG_TINY)
+    total = int(np.minimum(positive, budget + 1).sum())  # clipped: an anchor with a tiny q holds ~1/q units
+    if total <= budget:
+        return _water_fill(positive, np.full(q.size, 2**62, dtype=np.int64), budget - total, rank)
+    # Bisection on the log threshold: counts(lo) > budget >= counts(hi). Non-positive doubles order inversely
+    # to their bit patterns, so bisect on -mu's bits, which converges to adjacent doubles in <= 64 steps.
+    lo_bits = int(np.float64(-LOG_TINY).view(np.int64))
+    hi_bits = int(np.float64(max(-float(log_q.max()), 0.0)).view(np.int64))
+    while lo_bits - hi_bits > 1:
+        mid = (lo_bits + hi_bits) // 2
+        count = int(np.minimum(_prefix_counts(log_q, slope, -np.int64(mid).view(np.float64)), budget + 1).sum())
+        if count > budget:
+            lo_bits = mid
+        else:
+            hi_bits = mid
+            if count == budget:
+                break
+    k = np.minimum(_prefix_counts(log_q, slope, -np.int64(hi_bits).view(np.float64)), budget)
+    tied = np.minimum(_prefix_counts(log_q, slope, -np.int64(lo_bits).view(np.float64)), budget) - k
+    return _water_fill(k, tied, budget - int(k.sum()), rank)
 
 
 def prefix_value(flip_prob, counts) -> float:

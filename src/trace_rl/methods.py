@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .allocation import allocate_prefixes, allocate_roots
+from .knapsack import allocate_knapsack_rl
 
 ROOT_STRATEGIES = ("uniform", "pcl", "knapsack", "active")
 PREFIX_STRATEGIES = ("none", "random", "active")
@@ -109,9 +110,9 @@ def allocate_method_roots(method: Method, v: np.ndarray, plan: BudgetPlan, seed:
         keep = np.argsort(np.abs(v - 0.5), kind="stable")[:p]
         m[keep] = uniform_split(p, budget)
     elif method.root == "knapsack":
-        # Knapsack RL lets a prompt take several times the group size; 4n, and never less than m_max
-        cap = max(plan.max_per_prompt, 4 * plan.rollouts_per_prompt, -(-budget // p))
-        m[:p] = allocate_roots(v[:p], budget, cap, seed=seed, skip=False)
+        # Knapsack RL's own objective and launch-script bounds (2..128, p = 0 or 1 fixed at 2); v is the
+        # reward-history success rate
+        m[:p] = allocate_knapsack_rl(v[:p], budget, seed=seed)
     elif method.root == "active":
         m = allocate_roots(v, budget, plan.max_per_prompt, seed=seed)
     else:

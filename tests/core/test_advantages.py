@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from trace_rl.advantages import ADVANTAGES, compute_advantages, grpo, trace, tree_grpo, treepo
+from trace_rl.advantages import ADVANTAGES, compute_advantages, grpo, trace
 from trace_rl.tree import RolloutTree
 
 # Hand-computed on the conftest tree: leaves 0.0.0 (r=1), 0.1.0 (r=0), 0.1.1 (r=1 branch); V^(root) = 2/3.
@@ -18,14 +18,12 @@ def test_grpo_by_hand(small_tree):
     assert grpo(small_tree, scale="std")["0.1.0"] == pytest.approx(-2 / 3 / std)
 
 
-def test_tree_grpo_by_hand(small_tree):
-    got = tree_grpo(small_tree, scale="none")
+def test_tree_grpo_nested_by_hand(small_tree):
+    got = compute_advantages("tree_grpo_nested", small_tree, scale="none")
     assert got == approx({"0.0": 1 / 3, "0.0.0": 1 / 3, "0.1": -1 / 6, "0.1.0": -7 / 6, "0.1.1": 5 / 6})
 
 
-def test_treepo_by_hand(small_tree):
-    got = treepo(small_tree, scale="none")
-    assert got == approx({"0.0": 1 / 6, "0.0.0": 1 / 6, "0.1": -1 / 12, "0.1.0": -7 / 12, "0.1.1": 5 / 12})
+# tree_grpo and treepo as their authors compute them are pinned in test_baselines.py.
 
 
 def test_trace_by_hand(small_tree):
@@ -44,12 +42,11 @@ def test_all_reduce_to_flat_advantages_on_chains():
         tree.add_turn(a.node_id, terminal=True, reward=r)
     for name in ADVANTAGES:
         adv = compute_advantages(name, tree, scale="none")
-        # treepo averages over depths, and below the root a chain's own prefix term is r - r = 0
-        factor = 0.5 if name == "treepo" else 1.0
         for leaf in tree.leaves():
-            want = factor * (leaf.reward - 0.5)
-            assert adv[leaf.node_id] == pytest.approx(want)
-            assert adv[leaf.parent_id] == pytest.approx(want)
+            # Tree-GRPO's intra-tree group of one (a lone bare rollout) adds r, as upstream's code does
+            want = leaf.reward - 0.5 + (leaf.reward if name == "tree_grpo" else 0.0)
+            assert adv[leaf.node_id] == pytest.approx(want), name
+            assert adv[leaf.parent_id] == pytest.approx(want), name
 
 
 def test_uniform_outcomes_give_zero_advantage():
@@ -57,7 +54,9 @@ def test_uniform_outcomes_give_zero_advantage():
     for _ in range(3):
         tree.add_turn("0", terminal=True, reward=1.0)
     for name in ADVANTAGES:
-        assert all(v == pytest.approx(0.0) for v in compute_advantages(name, tree).values())
+        # tree_grpo: each lone rollout is a one-member tree group and keeps r / (1 + 1e-6)
+        want = 1.0 / (1.0 + 1e-6) if name == "tree_grpo" else 0.0
+        assert all(v == pytest.approx(want) for v in compute_advantages(name, tree).values()), name
 
 
 def test_unknown_estimator_and_scale():

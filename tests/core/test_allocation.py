@@ -149,8 +149,54 @@ def test_prefixes_spread_zero_gain_budget_and_handle_empty():
         (lambda: allocate_roots([0.5], 4, 1), "max_per_prompt"),
         (lambda: allocate_prefixes([-0.1], 3), "flip_prob"),
         (lambda: allocate_prefixes([0.5], -2), "budget"),
+        (lambda: allocate_roots(["a", 0.5], 4, 4), "v must be a 1-D array"),
+        (lambda: allocate_roots([0.5, 0.5], 4, 4, seed=-1), "seed"),
+        (lambda: allocate_prefixes([0.5], 3, seed=1.5), "seed"),
+        (lambda: allocate_prefixes([0.5], 3, seed="a"), "seed"),
+        (lambda: allocate_prefixes("abc", 3), "flip_prob"),
     ],
 )
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_prefix_budget_does_not_loop_per_unit():
+    """A budget of 10^9 or 10^12 is allocated by threshold, not unit by unit (the old greedy ran for minutes)."""
+    assert sorted(allocate_prefixes([0.5, 0.5, 0.5], 10**9, seed=4).tolist()) == [333333333, 333333333, 333333334]
+    k = allocate_prefixes([0.9, 0.1], 10**12)
+    assert k.tolist() == [5 * 10**11, 5 * 10**11]  # both long past underflow: an even spread
+    k = allocate_prefixes([1e-20, 0.5, 0.0], 10**9)  # a tiny q keeps a positive gain for ~1e22 units
+    assert k.sum() == 10**9 and k[2] == 0 and 0 < k[1] < 2000
+
+
+def test_prefix_budget_after_underflow_spreads_evenly():
+    """q = 0.5 has 1073 units with q(1-q)^k above the smallest positive double; q = 0 has none. The rest of a
+    budget of 10,000 goes first to the anchor with fewer continuations, then evenly: 5,000 each."""
+    assert allocate_prefixes([0.5, 0.0], 1073).tolist() == [1073, 0]
+    assert allocate_prefixes([0.5, 0.0], 10_000).tolist() == [5000, 5000]
+    assert allocate_prefixes([0.5, 0.5], 3, seed=0).sum() == 3  # at equal gain, fewer continuations first
+    assert sorted(allocate_prefixes([0.5, 0.5], 3, seed=0).tolist()) == [1, 2]
+
+
+def test_roots_cap_max_per_prompt_at_the_budget():
+    """max_per_prompt = 10^9 used to ask numpy for B x 10^9 gains; no prompt can take more than the budget."""
+    v = np.array([0.5, 0.3, 0.9, 0.0])
+    for skip in (True, False):
+        m = allocate_roots(v, 40, 10**9, seed=2, skip=skip)
+        assert m.tolist() == allocate_roots(v, 40, 40, seed=2, skip=skip).tolist()
+        assert root_value(v, m).sum() == pytest.approx(knapsack_dp(v, 40, 40, skip=skip)[40], abs=1e-12)
+    m = allocate_roots([0.0, 1.0, 0.0], 100, 10**6)  # every gain is zero: ties go prompt by prompt
+    assert m.sum() == 100 and m.max() == 100 and not np.any(m == 1)
+
+
+def test_roots_exact_when_the_threshold_lies_deep():
+    """Budgets far above 16 per prompt make the allocator build more gain columns (doubling); still exact."""
+    rng = np.random.default_rng(8)
+    for trial in range(12):
+        v = random_probs(rng, 12)
+        mmax = int(rng.integers(20, 70))
+        budget = int(rng.integers(12 * 16, 12 * mmax + 1))
+        m = allocate_roots(v, budget, mmax, seed=trial)
+        assert m.sum() == budget and m.max() <= mmax and not np.any(m == 1)
+        assert root_value(v, m).sum() == pytest.approx(knapsack_dp(v, budget, mmax)[budget], abs=1e-9)
