@@ -62,3 +62,12 @@ def test_console_script_propositions():
     proc = subprocess.run([sys.executable, "-m", "trace_rl.cli", "propositions", "tasks=8", "episodes=200"],
                           capture_output=True, text=True, check=True)
     assert "Proposition 1" in proc.stdout and "Proposition 2" in proc.stdout
+
+
+def test_every_command_lists_its_keys(capsys):
+    from trace_rl.cli import _config_classes
+
+    for command in _config_classes():
+        assert main([command, "--help"]) == 0, command
+        text = capsys.readouterr().out
+        assert text.startswith(f"usage: trace-rl {command}") and "=" in text

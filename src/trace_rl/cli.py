@@ -61,6 +61,7 @@ class EvalConfig:
     retriever_url: str = ""  # qa: a running /retrieve server (Search-R1 compatible)
     device: str = "cpu"  # torch device of the policy
     seed: int = 0  # one seed reproduces the samples
+    out: str = ""  # a directory for per-sample results (samples.jsonl) and the resolved config (default: none)
     temperature: float = 1.0  # sampling temperature (0 = greedy)
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     max_new_tokens: int = 0  # cap on tokens per turn (0: the environment's default)
@@ -70,8 +71,15 @@ class EvalConfig:
 
         if self.env not in ENVS:
             raise ValueError(f"env: unknown {self.env!r}; choose from {', '.join(ENVS)}")
-        if self.limit < 0 or self.samples < 1 or not self.k or min(self.k) < 1 or self.max_new_tokens < 0:
-            raise ValueError("limit must be >= 0, samples >= 1, every k >= 1, max_new_tokens >= 0")
+        from .rollout.compare import check_device
+
+        if self.limit < 0:
+            raise ValueError(f"limit must be >= 0 (0: every task), got {self.limit}")
+        if self.samples < 1 or self.max_new_tokens < 0:
+            raise ValueError(f"samples must be >= 1 and max_new_tokens >= 0, got {self.samples}, {self.max_new_tokens}")
+        if not self.k or min(self.k) < 1:
+            raise ValueError(f"k must be one or more integers >= 1, got {self.k}")
+        check_device(self.device)
 
 
 @dataclass
@@ -163,11 +171,45 @@ def _sft(cfg, yaml_text: str) -> None:
     run_sft(cfg, yaml_text)
 
 
+def _train(cfg, yaml_text: str) -> None:
+    from .train.trainer import train
+
+    s = train(cfg, yaml_text)
+    before = "-" if s["accuracy_before"] is None else f"{s['accuracy_before']:.3f}"
+    print(f"held-out accuracy: {before} before, {s['accuracy_after']:.3f} after {s['steps']} steps "
+          f"({s['rollouts']:,} rollouts); peak resident memory {s['peak_rss_gib']:.2f} GiB")
+    records = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines() if line]
+    er = np.mean([r["rollout/effective_ratio"] for r in records]) if records else float("nan")
+    print(f"effective ratio (mean over steps): {er:.3f}")
+    try:
+        from .plots import plot_metric
+
+        by = {cfg.method: records}
+        plot_metric(by, "rollout/effective_ratio", Path(cfg.out) / "effective_ratio.png", "Effective ratio per step")
+        plot_metric(by, "eval/accuracy", Path(cfg.out) / "accuracy.png", "Held-out accuracy")
+        plot_metric(by, "train/loss", Path(cfg.out) / "loss.png", "Policy loss")
+        print(f"plots: {cfg.out}/effective_ratio.png, accuracy.png, loss.png; metrics: {cfg.out}/metrics.jsonl")
+    except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install 'trace-rl[plots]')", file=sys.stderr)
+
+
+def _compare(cfg, yaml_text: str) -> None:
+    from .train.compare import run_compare
+
+    run_compare(cfg, yaml_text)
+
+
 def _diagnose(cfg, yaml_text: str) -> None:
-    from .predictors.report import diagnose, format_diagnosis
+    from .diagnose import diagnose, format_diagnosis
 
     out = cfg.out or cfg.run_dir
-    print(format_diagnosis(diagnose(cfg.run_dir, max_depth=cfg.max_depth, out_dir=out)))
+    try:
+        tables = diagnose(cfg.run_dir, max_depth=cfg.max_depth, out_dir=out)
+    except FileNotFoundError as err:
+        raise ConfigError(f"run_dir: {err}") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"run_dir: {cfg.run_dir} does not hold a readable run ({err})") from None
+    print(format_diagnosis(tables))
     print(f"\nwrote {out}/calibration_by_depth.png, spearman_over_steps.png")
 
 
@@ -182,7 +224,7 @@ def _eval(cfg, yaml_text: str) -> None:
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
     from .envs.registry import get_env
-    from .rollout.evaluate import evaluate
+    from .rollout.evaluate import check_context, evaluate
     from .rollout.records import format_table
 
     spec = get_env(cfg.env, corpus=cfg.corpus or None, retriever_url=cfg.retriever_url or None)
@@ -194,11 +236,24 @@ def _eval(cfg, yaml_text: str) -> None:
     samples = max(max(cfg.k), cfg.samples)
     backend = HFBackend.load(cfg.model, device=cfg.device)
     rows = []
+    out = Path(cfg.out) if cfg.out else None
+    if out:
+        write_config(yaml_text, out)
+        (out / "samples.jsonl").write_text("")
     for bench in benches:
         tasks = spec.benchmarks[bench](cfg.limit or None)
-        res = evaluate(backend, spec.make, tasks, params, samples=samples, ks=tuple(cfg.k), seed=cfg.seed, label=bench)
+        check_context(backend, spec.make, tasks, params, bench)
+        results: list = []
+        res = evaluate(backend, spec.make, tasks, params, samples=samples, ks=tuple(cfg.k), seed=cfg.seed, label=bench,
+                       results=results)
         rows.append({"benchmark": bench, **res})
+        if out:
+            with open(out / "samples.jsonl", "a", encoding="utf-8") as fh:
+                for r in results:
+                    fh.write(json.dumps({"benchmark": bench, **r}) + "\n")
     print(format_table(rows))
+    if out:
+        print(f"\nwrote {out}/samples.jsonl (one line per sample) and {out}/config.yaml")
 
 
 def _serve_retriever(cfg, yaml_text: str) -> None:
@@ -206,9 +261,19 @@ def _serve_retriever(cfg, yaml_text: str) -> None:
 
     from .envs.retrieval import BM25Retriever, DenseRetriever, load_corpus, serve
 
-    passages = load_corpus(cfg.corpus)
+    import socket
+
+    try:
+        passages = load_corpus(cfg.corpus)
+    except (ValueError, TypeError, AttributeError, KeyError) as err:
+        raise ConfigError(f"corpus: {cfg.corpus} is not a passage corpus ({err})") from None
     retriever = DenseRetriever(passages, cfg.encoder) if cfg.dense else BM25Retriever(passages)
-    server = serve(retriever, cfg.host, cfg.port, allow_remote=cfg.allow_remote)
+    try:
+        server = serve(retriever, cfg.host, cfg.port, allow_remote=cfg.allow_remote)
+    except socket.gaierror:
+        raise ConfigError(f"host: cannot resolve {cfg.host!r}") from None
+    except OSError as err:
+        raise ConfigError(f"port: cannot listen on {cfg.host}:{cfg.port} ({err.strerror or err})") from None
     print(f"serving {len(passages)} passages on http://{cfg.host}:{server.server_address[1]}/retrieve (Ctrl-C stops)")
     try:
         while True:
@@ -224,22 +289,45 @@ def _propositions(cfg, yaml_text: str) -> None:
     print("\n".join(report_lines(r)))
 
 
-def _config_classes() -> dict[str, tuple[type, object, str | None, str]]:
-    """command -> (config class, runner, positional key, one-line help)."""
-    from .rollout.compare import RolloutConfig
-    from .testbed.simulate import SimulateConfig
-    from .train.sft import SFTConfig
-
+def _config_classes() -> dict[str, tuple[str, object, str | None, str]]:
+    """command -> (config class as 'module:Class', runner, positional key, one-line help); imported on use."""
     return {
-        "simulate": (SimulateConfig, _simulate, None, "compare methods on the synthetic testbed at equal budget"),
-        "sft": (SFTConfig, _sft, None, "warm-start a policy on the built-in task's demonstrations and cache it"),
-        "rollout": (RolloutConfig, _rollout, None, "grow trees from a frozen policy with several methods"),
-        "diagnose": (DiagnoseConfig, _diagnose, "run_dir", "predictor quality by depth for a run"),
-        "eval": (EvalConfig, _eval, None, "accuracy of a model on an environment's benchmarks"),
-        "serve-retriever": (ServeRetrieverConfig, _serve_retriever, None, "a Search-R1-compatible /retrieve server"),
-        "propositions": (PropositionsConfig, _propositions, None, "check the paper's Propositions 1 and 2"),
-        "view": (ViewConfig, _view, "trees", "write an HTML page that shows each prompt's tree"),
+        "train": ("trace_rl.train.trainer:TrainConfig", _train, None,
+                  "train an LM agent with TRACE (the main job; tiny CPU policy by default)"),
+        "compare": ("trace_rl.train.compare:CompareConfig", _compare, None,
+                    "train with several methods and seeds at equal budget; table and plots"),
+        "simulate": ("trace_rl.testbed.simulate:SimulateConfig", _simulate, None,
+                     "compare methods on the synthetic testbed at equal budget"),
+        "sft": ("trace_rl.train.sft:SFTConfig", _sft, None,
+                "warm-start a policy on the built-in task's demonstrations and cache it"),
+        "rollout": ("trace_rl.rollout.compare:RolloutConfig", _rollout, None,
+                    "grow trees from a frozen policy with several methods"),
+        "eval": ("trace_rl.cli:EvalConfig", _eval, None, "accuracy of a model on an environment's benchmarks"),
+        "view": ("trace_rl.cli:ViewConfig", _view, "trees", "write an HTML page that shows each prompt's tree"),
+        "diagnose": ("trace_rl.cli:DiagnoseConfig", _diagnose, "run_dir", "predictor quality by depth for a run"),
+        "serve-retriever": ("trace_rl.cli:ServeRetrieverConfig", _serve_retriever, None,
+                            "a Search-R1-compatible /retrieve server"),
+        "propositions": ("trace_rl.cli:PropositionsConfig", _propositions, None,
+                         "check the paper's Propositions 1 and 2"),
     }
+
+
+def _load_class(spec: str) -> type:
+    import importlib
+
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _check_out(cfg) -> None:
+    """The run directory can be created (before any work, so a bad `out` never costs a run)."""
+    out = getattr(cfg, "out", "")
+    if not out or out.endswith(".html"):
+        return
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"out: cannot create the directory {out!r} ({err.strerror or err})") from None
 
 
 def _usage(commands: dict) -> str:
@@ -258,7 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     if command not in commands:
         print(f"trace-rl: error: unknown command {command!r}; choose from {', '.join(commands)}", file=sys.stderr)
         return 2
-    cls, run, positional, _ = commands[command]
+    cls_spec, run, positional, _ = commands[command]
+    try:
+        cls = _load_class(cls_spec)
+    except ImportError as err:
+        print(f"trace-rl {command}: error: needs a package that is not installed ({err})", file=sys.stderr)
+        return 2
     if "-h" in rest or "--help" in rest:
         print(help_text(cls, command))
         return 0
@@ -270,12 +363,14 @@ def main(argv: list[str] | None = None) -> int:
             rest = [a for i, a in enumerate(rest) if i not in bare] + [f"{positional}={value}"]
     try:
         cfg, yaml_text = load_config(cls, rest)
+        _check_out(cfg)
         run(cfg, yaml_text)
     except (ConfigError, ValueError, FileNotFoundError, ImportError) as err:
         print(f"trace-rl {command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"trace-rl {command}: interrupted; what was written so far is kept", file=sys.stderr)
+        said = "stopped" if command == "serve-retriever" else "interrupted; what was written so far is kept"
+        print(f"trace-rl {command}: {said}", file=sys.stderr)
         return 130
     return 0
 

@@ -61,18 +61,20 @@ def help_text(cls, command: str) -> str:
     """Every key with its default and doc, grouped as in the dataclass."""
     lines = [f"usage: trace-rl {command} [--config FILE.yaml] [key=value ...]", "", (cls.__doc__ or "").strip(), ""]
 
-    def walk(c, prefix: str, default_obj) -> None:
+    def walk(c, prefix: str) -> None:
         docs = _docs(c)
         for f in _fields(c):
-            value = getattr(default_obj, f.name)
+            # the field's own default, not an instance: a command whose defaults need a value (a run
+            # directory to read) cannot be built empty, but its help must still list every key
+            value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             if dataclasses.is_dataclass(value):
                 lines.append(f"  {prefix}{f.name}.*   {(type(value).__doc__ or '').strip().splitlines()[0]}")
-                walk(type(value), f"{prefix}{f.name}.", value)
+                walk(type(value), f"{prefix}{f.name}.")
             else:
                 shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else repr(value)
                 lines.append(f"    {prefix}{f.name}={shown}".ljust(44) + f"  {docs.get(f.name, '')}")
 
-    walk(cls, "", cls())
+    walk(cls, "")
     return "\n".join(lines)
 
 
@@ -120,11 +122,18 @@ def _overrides(cls, argv: list[str]) -> tuple[str | None, list[str]]:
         key, _, value = item.partition("=")
         if key not in leaves:
             raise ConfigError(f"{key}: unknown setting; settings are {', '.join(sorted(leaves))}")
-        origin = typing.get_origin(leaves[key])
-        if origin in (list, tuple) and not value.strip().startswith("["):
+        if _is_list(leaves[key]) and not value.strip().startswith("["):
             value = "[" + ",".join(v.strip() for v in value.split(",") if v.strip()) + "]"
         fixed.append(f"{key}={value}")
     return config_file, fixed
+
+
+def _is_list(typ) -> bool:
+    """list[...] or tuple[...], also inside Optional[...]."""
+    origin = typing.get_origin(typ)
+    if origin is typing.Union:
+        return any(_is_list(arg) for arg in typing.get_args(typ))
+    return origin in (list, tuple)
 
 
 def _qualify(message: str, cls) -> str:

@@ -83,7 +83,7 @@ def _last_step(runs: Runs) -> int:
     return max((int(r["step"]) + 1 for v in runs.values() for run in _seeds(v) for r in run), default=1)
 
 
-def _draw(ax, runs: Runs, key: str, smooth: int, band: str, last: int) -> tuple[int, bool]:
+def _draw(ax, runs: Runs, key: str, smooth: int, band: str, last: int, xlabel: str = "step") -> tuple[int, bool]:
     """Draw one line (and band) per method of `runs` on `ax`; returns (lines drawn, any method had 2+ seeds).
 
     A method's colour, marker and offset follow its position in `runs`, so panels drawn from dicts with the
@@ -134,7 +134,7 @@ def _draw(ax, runs: Runs, key: str, smooth: int, band: str, last: int) -> tuple[
         mid, half = (max(shown) + min(shown)) / 2, MIN_SPAN * max(map(abs, shown)) / 2
         ax.set_ylim(mid - half, mid + half)
     ax.ticklabel_format(axis="y", useOffset=False)  # an offset label (+4.798e-1) hides what the values are
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
     return drawn, multi
 
@@ -165,13 +165,14 @@ def plot_metric(
     smooth: int = 1,
     band: str = "minmax",
     ylabel: str | None = None,
+    xlabel: str = "step",
 ) -> Path:
     """Plot `key` over steps, one line per method (mean and band for several seeds); returns the PNG path.
 
     `smooth` > 1 draws a trailing moving average of that many logged points (the band is smoothed alike).
     A key no record holds still writes a figure, saying so, so a caller's list of files stays true.
     """
-    return plot_panels({"": runs}, key, path, title, smooth=smooth, band=band, ylabel=ylabel)
+    return plot_panels({"": runs}, key, path, title, smooth=smooth, band=band, ylabel=ylabel, xlabel=xlabel)
 
 
 def plot_panels(
@@ -182,6 +183,7 @@ def plot_panels(
     smooth: int = 1,
     band: str = "minmax",
     ylabel: str | None = None,
+    xlabel: str = "step",
 ) -> Path:
     """`plot_metric` for several panels side by side (one per entry, titled by its name) sharing one legend.
 
@@ -189,7 +191,7 @@ def plot_panels(
     """
     import matplotlib.pyplot as plt
 
-    fig = metric_figure(panels, key, title, smooth=smooth, band=band, ylabel=ylabel)
+    fig = metric_figure(panels, key, title, smooth=smooth, band=band, ylabel=ylabel, xlabel=xlabel)
     path = Path(path)
     fig.savefig(path)
     plt.close(fig)
@@ -197,7 +199,8 @@ def plot_panels(
 
 
 def metric_figure(
-    panels: dict[str, Runs], key: str, title: str, smooth: int = 1, band: str = "minmax", ylabel: str | None = None
+    panels: dict[str, Runs], key: str, title: str, smooth: int = 1, band: str = "minmax", ylabel: str | None = None,
+    xlabel: str = "step",
 ):
     """The matplotlib Figure that `plot_panels` saves; whoever calls this closes it (plt.close)."""
     import matplotlib
@@ -211,7 +214,7 @@ def metric_figure(
     fig, axes = plt.subplots(1, len(panels), figsize=(2 + 5.5 * len(panels), 4.2), dpi=110, squeeze=False, sharey=True)
     multi = False
     for ax, (name, runs) in zip(axes[0], panels.items()):
-        multi |= _draw(ax, runs, key, smooth, band, last)[1]
+        multi |= _draw(ax, runs, key, smooth, band, last, xlabel)[1]
         if name:
             ax.set_title(name, fontsize=10)
     axes[0][0].set_ylabel(ylabel or key.replace("_", " "))

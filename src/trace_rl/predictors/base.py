@@ -28,8 +28,8 @@ class Predictor(Protocol):
     def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         """Success probabilities in [0, 1], one per prefix."""
 
-    def update(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray) -> float:
-        """One training round on (prefix, target, weight) examples; returns the weighted loss."""
+    def update(self, prefixes: Sequence[Prefix], targets: np.ndarray) -> float:
+        """One training round on (prefix, target) examples; returns the mean loss on them."""
 
     def save(self, path) -> None:
         """Write what a checkpoint needs to resume the predictor."""

@@ -36,7 +36,7 @@ class RewardHistoryPredictor:
         prior = self.prior()
         return np.array([self.values.get(self._key(p), prior) for p in prefixes], dtype=np.float64)
 
-    def update(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray | None = None) -> float:
+    def update(self, prefixes: Sequence[Prefix], targets: np.ndarray) -> float:
         loss = float(np.mean((self.predict(prefixes) - targets) ** 2)) if len(prefixes) else 0.0
         for (tree, nid), y in zip(prefixes, targets):
             if nid != tree.root_id:

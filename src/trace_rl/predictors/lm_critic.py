@@ -161,14 +161,13 @@ class LMCritic:
         return out
 
     # -- training ---------------------------------------------------------------------------------
-    def update(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray | None = None) -> float:
+    def update(self, prefixes: Sequence[Prefix], targets: np.ndarray) -> float:
         torch = self.torch
         if not len(prefixes):
             return 0.0
         texts = [_segments(t, n) for t, n in prefixes]
-        w = np.ones(len(texts)) if weights is None else np.asarray(weights, float)
-        self.replay.append((texts, np.asarray(targets, float), w))
-        data = [(t, y, wi) for texts_, ys, ws in self.replay for t, y, wi in zip(texts_, ys, ws)]
+        self.replay.append((texts, np.asarray(targets, float)))
+        data = [(t, y) for texts_, ys in self.replay for t, y in zip(texts_, ys)]
         if self.train_backbone:
             self.model.train()
         losses = []
@@ -177,7 +176,7 @@ class LMCritic:
             order = rng.permutation(len(data))
             for i in range(0, len(order), self.batch_size):
                 chunk = [data[j] for j in order[i: i + self.batch_size]]
-                ids = [self._ids(t)[0] for t, _, _ in chunk]
+                ids = [self._ids(t)[0] for t, _ in chunk]
                 h, mask = self._hidden(ids, grad=self.train_backbone)
                 if self.causal:
                     last = torch.tensor([len(x) - 1 for x in ids], device=self.device)
@@ -186,8 +185,7 @@ class LMCritic:
                     feat = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
                 p = self._score_hidden(feat).clamp(1e-6, 1 - 1e-6)
                 y = torch.tensor([c[1] for c in chunk], dtype=p.dtype, device=self.device)
-                wt = torch.tensor([c[2] for c in chunk], dtype=p.dtype, device=self.device)
-                loss = -(wt * (y * p.log() + (1 - y) * (1 - p).log())).sum() / wt.sum()
+                loss = -(y * p.log() + (1 - y) * (1 - p).log()).mean()
                 self.opt.zero_grad()
                 loss.backward()
                 self.opt.step()

@@ -1,6 +1,6 @@
 """Online logistic regression over feature vectors: a light, CPU-cheap V~.
 
-Trained on soft targets (V^ in [0, 1]) with weighted cross-entropy, a replay window of recent steps and a few
+Trained on soft targets (in [0, 1]) with cross-entropy, a replay window of recent steps and a few
 Adam epochs per step. The featuriser decides what the model sees; the model is the same for every env.
 """
 
@@ -28,7 +28,7 @@ class OnlineLogisticPredictor:
         self.featurize = featurize
         self.w = np.zeros(dim)
         self.lr, self.epochs, self.l2 = lr, epochs, l2
-        self.replay: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=replay_steps)
+        self.replay: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=replay_steps)
         self._m = np.zeros(dim)
         self._v = np.zeros(dim)
         self._t = 0
@@ -42,23 +42,21 @@ class OnlineLogisticPredictor:
             return np.zeros(0)
         return self._prob(self.featurize(prefixes))
 
-    def update(self, prefixes: Sequence[Prefix], targets: np.ndarray, weights: np.ndarray | None = None) -> float:
+    def update(self, prefixes: Sequence[Prefix], targets: np.ndarray) -> float:
         if not len(prefixes):
             return 0.0
         x = self.featurize(prefixes)
-        w = np.ones(len(targets)) if weights is None else np.asarray(weights, dtype=float)
-        self.replay.append((x, np.asarray(targets, dtype=float), w))
+        self.replay.append((x, np.asarray(targets, dtype=float)))
         X = np.concatenate([r[0] for r in self.replay])
         Y = np.concatenate([r[1] for r in self.replay])
-        W = np.concatenate([r[2] for r in self.replay])
         for _ in range(self.epochs):
             for idx in np.array_split(self.rng.permutation(len(Y)), max(1, len(Y) // 64)):
                 p = self._prob(X[idx])
-                g = X[idx].T @ ((p - Y[idx]) * W[idx]) / W[idx].sum() + self.l2 * self.w
+                g = X[idx].T @ (p - Y[idx]) / len(idx) + self.l2 * self.w
                 self._adam(g)
         p = self._prob(x)
         eps = 1e-9
-        return float(np.average(-(targets * np.log(p + eps) + (1 - targets) * np.log(1 - p + eps)), weights=w))
+        return float(np.mean(-(targets * np.log(p + eps) + (1 - targets) * np.log(1 - p + eps))))
 
     def save(self, path) -> None:
         """Weights and optimiser state (the replay window is not saved: it refills in a few steps)."""

@@ -38,17 +38,6 @@ def prompt_text(tree: RolloutTree) -> str:
     return "" if p is None else str(p)
 
 
-def serialize_prefix(tree: RolloutTree, node_id: str) -> str:
-    """The prompt and the turns up to node_id as text (what a text critic reads)."""
-    parts = [prompt_text(tree)]
-    for node in tree.path(node_id)[1:]:
-        if node.thought:
-            parts.append(f"Thought: {node.thought}")
-        parts.append(node.action)
-        parts.append(f"Observation: {node.observation}")
-    return "\n".join(parts)
-
-
 def _shape(word: str) -> str:
     """Numbers become their digit count: what matters for the agent is how long, not which."""
     return f"<num{min(len(word), 6)}>" if word.isdigit() else word.lower()

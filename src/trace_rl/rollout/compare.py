@@ -25,6 +25,22 @@ from .lm_actor import BATCHING, LMActor
 from .records import MetricsWriter, step_record
 
 
+def check_device(device: str) -> None:
+    """A torch device that exists here, or one line saying what is available."""
+    if device == "cpu":
+        return
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"device: {device!r} needs torch (pip install 'trace-rl[lm]')") from None
+    kind = device.split(":")[0]
+    ok = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}.get(kind)
+    if ok is None:
+        raise ValueError(f"device must be cpu, cuda, cuda:N or mps, got {device!r}")
+    if not ok:
+        raise ValueError(f"device: {device!r} is not available on this machine (use device=cpu)")
+
+
 @dataclass
 class LMPolicyConfig:
     """The policy model and how it samples."""
@@ -37,6 +53,7 @@ class LMPolicyConfig:
 
     def __post_init__(self):
         SamplingParams(self.temperature, self.top_p, max(self.max_new_tokens, 1))  # one place checks these
+        check_device(self.device)
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0 (0: the environment's default), got {self.max_new_tokens}")
 

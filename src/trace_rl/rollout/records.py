@@ -89,12 +89,13 @@ def step_record(result: StepResult, seed: int = 0) -> StepRecord:
 
 class MetricsWriter:
     """Appends flat records to `path` as JSON-lines; opening truncates, so a rerun into the same directory
-    never mixes with an earlier run's records."""
+    never mixes with an earlier run's records (a resumed run keeps them: truncate=False)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, truncate: bool = True):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("")
+        if truncate or not self.path.exists():
+            self.path.write_text("")
 
     def write(self, record: StepRecord | dict) -> None:
         flat = record.flat() if isinstance(record, StepRecord) else record
@@ -151,6 +152,8 @@ def summarize(results: dict[str, list[dict]], baseline: str | None = None) -> li
         second = recs[len(recs) // 2:]
         acc = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
         row = {"method": name}
+        if "eval/accuracy_before" in recs[0]:
+            row["start_accuracy"] = recs[0]["eval/accuracy_before"]
         if acc:
             row["final_accuracy"] = acc[-1]
         row.update({

@@ -30,7 +30,7 @@ class OraclePredictor:
     def predict(self, prefixes: Sequence[Prefix]) -> np.ndarray:
         return np.array([self.policy.value(*prefix_state(self.tasks, p)) for p in prefixes], dtype=np.float64)
 
-    def update(self, prefixes, targets, weights=None) -> float:
+    def update(self, prefixes, targets) -> float:
         return float(np.mean((self.predict(prefixes) - targets) ** 2)) if len(prefixes) else 0.0
 
     def save(self, path) -> None:  # nothing to save: the oracle is the policy itself

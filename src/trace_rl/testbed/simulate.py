@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -70,7 +71,7 @@ class SimulateConfig:
     seed: int = 0  # one seed reproduces the whole run
     seeds: list[int] = field(default_factory=list)  # several seeds: one run each, tables and plots of the mean
     steps: int = 40  # training steps per method
-    methods: list[str] = field(default_factory=list)  # methods by name (default: the baselines, or the ablation)
+    methods: Optional[list[str]] = None  # methods by name (default: the baselines, or with ablation the ablation)
     ablation: bool = False  # compare TRACE's root x prefix ablation instead of the baselines
     eval_every: int = 5  # steps between exact held-out accuracy evaluations
     save_trees_every: int = 0  # write the step's trees every k steps (0: never)
@@ -83,11 +84,11 @@ class SimulateConfig:
     env: TestbedConfig = field(default_factory=TestbedConfig)  # the task family (its seed follows the run's)
 
     def __post_init__(self):
-        if not self.methods:
+        if self.methods is None:
             self.methods = list(ABLATION_METHODS if self.ablation else DEFAULT_METHODS)
         unknown = [m for m in self.methods if m not in METHODS]
-        if unknown:
-            raise ValueError(f"methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+        if unknown or not self.methods:
+            raise ValueError(f"methods: unknown {unknown or 'none given'}; choose from {', '.join(METHODS)}")
         for name in ("steps", "eval_every", "train_tasks", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -160,6 +161,8 @@ def run_simulation(cfg: SimulateConfig, seed: int | None = None, out: Path | Non
         acc = run.policy.accuracy(evals)
         for step in range(cfg.steps):
             record, result = run.step(step)
+            if step == 0:
+                record.eval["accuracy_before"] = acc  # the policy's exact accuracy before any update
             if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
                 t0 = time.perf_counter()
                 acc = run.policy.accuracy(evals)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..plots import grid_shape, plot_panels
-from .diagnostics import spearman_rho, summarize_records
+from .plots import grid_shape, plot_panels
+from .predictors.diagnostics import spearman_rho, summarize_records
 
 CALIBRATION_PNG = "calibration_by_depth.png"
 SPEARMAN_PNG = "spearman_over_steps.png"
