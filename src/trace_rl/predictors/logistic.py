@@ -1,7 +1,8 @@
 """Online logistic regression over feature vectors: a light, CPU-cheap V~.
 
-Trained on soft targets (in [0, 1]) with cross-entropy, a replay window of recent steps and a few
-Adam epochs per step. The featuriser decides what the model sees; the model is the same for every env.
+Trained on soft targets in [0, 1] (`training_examples`: the mean reward of the rollouts started at a node)
+with cross-entropy, a replay window of recent steps and a few Adam epochs per step. The featuriser
+decides what the model sees; the model is the same for every env.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """The light CPU predictor for LM agents: hashed n-grams and structure of the serialised history, fed to the
-online logistic model. Microseconds per prefix, so it never shows up in a step's time split.
+online logistic model. Hashing and one dot product per prefix on the CPU: cheap beside any real policy's
+generation (docs/predictors.md has the measured share of a step).
 
 What it sees: word unigrams and bigrams of the prompt and of each turn's action and observation (hashed with
 a sign into `buckets` dims, per segment so that "error" in an observation differs from "error" in a
 question), plus structure: depth, share of turns whose observation reports an error, the log length, how
 many numbers the prompt holds and how long the longest is (a normalised bag blurs counts, which carry
 difficulty), the pair of them as a one-hot "shape" (a linear model cannot otherwise learn a cliff such as
-"fine up to 2 digits, hopeless at 3", and prompts of one shape share their success rate: on the calculator
-task the shape one-hot took TRACE's effective ratio from 1.37x to 1.52x GRPO's over three seeds), and
+"fine up to 2 digits, hopeless at 3", and prompts of one shape share their success rate; docs/predictors.md
+has what it changed on the calculator task), and
 whether an action used a number the agent had not read in the prompt or an observation (an invented
 argument: on the calculator task a miscopy that dooms the episode; generic to tool arguments).
 """
@@ -83,13 +84,13 @@ class HashedTextFeatures:
 
 def light_text_predictor(buckets: int = 2048, lr: float = 0.3, epochs: int = 20, replay_steps: int = 32,
                          seed: int = 0) -> OnlineLogisticPredictor:
-    """Near-full fits of a long replay window each step (20 epochs at lr 0.3, milliseconds).
+    """Near-full fits of a long replay window each step (20 epochs at lr 0.3).
 
-    With a few dozen prompts a step, the class defaults (4 epochs at lr 0.05) left V~ between 0.4 and 0.7 for
-    every prompt after 6 steps, and the root allocator could not tell hopeless prompts from near-certain ones.
-    The window is long because the predictor only sees the prompts the allocator chose: with 8 steps, the
-    first step's broad sample left the window at step 10 and V~ of the skipped near-certain prompts drifted
-    down until the allocator spent on them (three seeds, effective ratio at step 10 0.29 vs 0.38 with 32).
+    With a few dozen prompts a step, the class defaults (4 epochs at lr 0.05) fit too little: V~ stays near
+    the middle for every prompt for several steps, and the root allocator cannot tell hopeless prompts from
+    near-certain ones. The window is long because the predictor only sees the prompts the allocator chose:
+    with a short window, the first step's broad sample leaves it after a few steps, V~ of the prompts the
+    allocator skipped drifts, and the allocator starts spending on them again (docs/predictors.md).
     """
     feats = HashedTextFeatures(buckets)
     return OnlineLogisticPredictor(feats, feats.dim, lr=lr, epochs=epochs, replay_steps=replay_steps, seed=seed)

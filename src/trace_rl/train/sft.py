@@ -4,10 +4,13 @@ Demonstrations are token sequences built exactly as the agent builds histories (
 assistant turn plus eos with loss mask 1, then the observation segment with mask 0), so SFT and RL see the
 same ids. The learning rate follows the step count (linear warm-up, then linear decay to 35%), so a seed
 reproduces the model exactly. A wall-clock cap is off by default; a run that a user-set cap cuts short is
-reported as such and never replaces the cached default. Progress is logged. Why 35%: the first default decayed by wall-clock time and ended near 35%
-on this machine; decaying to 5% instead gives a policy that is weaker on 2-digit and 5-step chains (51.8% vs
-58.8% on the RL mix) with more prompts in between, where uniform sampling already finds more contrast
-(GRPO effective ratio 0.32 instead of 0.28; README, "LM agents").
+reported as such and never replaces the cached default. Progress is logged.
+
+Why decay to 35% and not further: the final learning rate sets how strong the warm-started policy is, and so
+how many prompts of the RL mix sit between always and never solved. A policy decayed further is weaker on the
+longer chains and larger numbers and leaves more prompts in between, where uniform sampling already finds
+contrast and TRACE has less to add; 35% keeps the mix of near-certain, mixed and hopeless prompts that real RL
+data shows. docs/lm_agents.md records what each choice measured.
 """
 
 from __future__ import annotations
