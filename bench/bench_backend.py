@@ -13,11 +13,11 @@ import time
 
 import torch
 
-from trace_rl.methods import BudgetPlan, get_method
-from trace_rl.envs.calculator import CalculatorEnv, make_tasks
 from trace_rl.backends.base import SamplingParams
 from trace_rl.backends.hf import HFBackend
+from trace_rl.envs.calculator import CalculatorEnv, make_tasks
 from trace_rl.lm.models import create_tiny_model, load_model
+from trace_rl.methods import BudgetPlan, get_method
 from trace_rl.predictors.text import light_text_predictor
 from trace_rl.rollout.engine import TreeRolloutEngine
 
@@ -52,7 +52,7 @@ def main() -> None:
     for batch in (1, 32):
         prompts = [tok(f"{i} " + text[:200], add_special_tokens=False).input_ids[:64] for i in range(batch)]
         be.clear_cache()
-        dt, gens = timed(lambda: be.generate(prompts, params, seed=0))
+        dt, gens = timed(lambda prompts=prompts: be.generate(prompts, params, seed=0))
         n = sum(len(g.token_ids) for g in gens)
         print(f"generate batch {batch:>2}: {n / dt:8.1f} tokens/s ({n} tokens in {dt:.2f}s)")
     for length in (400, 1600):
@@ -61,12 +61,12 @@ def main() -> None:
         # (seen as 19.7 s instead of 12.2 s for SmolLM2 at 1,600 tokens) that neither side should be charged
         be.generate([[tok.eos_token_id] + prefix[1:]] * 8, SamplingParams(max_new_tokens=2), seed=0)
         be.clear_cache()
-        t_reuse, gens = timed(lambda: be.generate([prefix] * 8, params, seed=1))
+        t_reuse, gens = timed(lambda prefix=prefix: be.generate([prefix] * 8, params, seed=1))
         computed = gens[0].prefix_tokens_computed
-        t_again, gens = timed(lambda: be.generate([prefix] * 8, params, seed=1))
+        t_again, gens = timed(lambda prefix=prefix: be.generate([prefix] * 8, params, seed=1))
         again = gens[0].prefix_tokens_computed
 
-        def reencode():
+        def reencode(prefix=prefix):
             for k in range(8):
                 be.clear_cache()
                 be.generate([prefix], params, seed=k)

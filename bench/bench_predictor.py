@@ -13,11 +13,11 @@ import argparse
 
 import torch
 
-from trace_rl.methods import BudgetPlan, get_method
-from trace_rl.envs.calculator import CalculatorEnv, make_tasks
 from trace_rl.backends.base import SamplingParams
 from trace_rl.backends.hf import HFBackend
+from trace_rl.envs.calculator import CalculatorEnv, make_tasks
 from trace_rl.lm.models import create_tiny_model, load_model
+from trace_rl.methods import BudgetPlan, get_method
 from trace_rl.predictors.lm_critic import LMCritic
 from trace_rl.predictors.text import light_text_predictor
 from trace_rl.rollout.engine import TreeRolloutEngine

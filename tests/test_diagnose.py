@@ -4,8 +4,8 @@ import sys
 import numpy as np
 import pytest
 
-from trace_rl.predictors.diagnostics import spearman, spearman_rho, step_diagnostics, summarize_records
 from trace_rl.diagnose import CALIBRATION_PNG, SPEARMAN_PNG, diagnose, format_diagnosis, format_p
+from trace_rl.predictors.diagnostics import spearman, spearman_rho, step_diagnostics, summarize_records
 from trace_rl.tree import RolloutTree
 
 # n = 10, sum of squared rank differences 66: rho = 1 - 6 * 66 / 990 = 0.6. The t test with 8 degrees of freedom

@@ -257,11 +257,10 @@ def _eval(cfg, yaml_text: str) -> None:
 
 
 def _serve_retriever(cfg, yaml_text: str) -> None:
+    import socket
     import time
 
     from .envs.retrieval import BM25Retriever, DenseRetriever, load_corpus, serve
-
-    import socket
 
     try:
         passages = load_corpus(cfg.corpus)

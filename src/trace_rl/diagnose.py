@@ -72,7 +72,7 @@ def diagnose(run_dir: str | Path, max_depth: int = 4, out_dir: str | Path | None
     plot_calibration(by_method, out / CALIBRATION_PNG, max_depth)
     panels: dict[str, dict[str, list[list[dict]]]] = {"roots (depth 0)": {}, "prefixes (depth >= 1)": {}}
     for method in by_method:
-        for (label, curves), roots in zip(panels.items(), (True, False)):
+        for (_label, curves), roots in zip(panels.items(), (True, False)):
             curves[method] = [
                 spearman_by_step([r for r in recs if r["method"] == method and (r["depth"] == 0) == roots])
                 for recs in seeds.values()

@@ -5,8 +5,8 @@ pytest.importorskip("transformers")
 from helpers_calc import scripted_calc  # noqa: E402
 
 from trace_rl.agent.react import ChatFormat, start_episode  # noqa: E402
-from trace_rl.envs.calculator import CalculatorEnv, make_tasks  # noqa: E402
 from trace_rl.backends.base import SamplingParams, ScriptedBackend  # noqa: E402
+from trace_rl.envs.calculator import CalculatorEnv, make_tasks  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
 from trace_rl.rollout.episodes import run_lockstep  # noqa: E402
 

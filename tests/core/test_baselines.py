@@ -251,7 +251,7 @@ def test_treepo_matches_upstream_port_on_random_batches(weighting, tokens):
         if sum(lengths) <= 1:
             continue  # upstream raises on a batch of one token
         white, tiled = port_masked_whiten(raw, lengths)
-        for r, w, row, n in zip(rs, white, tiled, lengths):
+        for _r, w, row, n in zip(rs, white, tiled, lengths):
             if n:
                 assert row[:n] == pytest.approx(np.full(n, w))  # the port's token view agrees with its row view
         per_tree = {id(t): compute_advantages("treepo", t, weighting=weighting) for t in trees}

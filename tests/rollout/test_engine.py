@@ -9,10 +9,10 @@ pytest.importorskip("transformers")
 
 from helpers_calc import scripted_calc  # noqa: E402
 
-from trace_rl.methods import BudgetPlan, get_method  # noqa: E402
-from trace_rl.envs.calculator import CalculatorEnv, make_task, make_tasks  # noqa: E402
 from trace_rl.backends.base import SamplingParams, ScriptedBackend  # noqa: E402
+from trace_rl.envs.calculator import CalculatorEnv, make_task, make_tasks  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
+from trace_rl.methods import BudgetPlan, get_method  # noqa: E402
 from trace_rl.metrics import tree_budget  # noqa: E402
 from trace_rl.predictors.history import RewardHistoryPredictor  # noqa: E402
 from trace_rl.predictors.text import light_text_predictor  # noqa: E402

@@ -27,7 +27,7 @@ def test_equal_budget_and_outputs(tmp_path):
     methods = ["grpo", "pcl", "knapsack_rl", "treepo", "trace", "trace_oracle"]
     res = run_simulation(SimulateConfig(methods=methods, save_trees_every=2, **SMALL), out=tmp_path)
     total = SMALL["budget"].total
-    for name, recs in res.items():
+    for recs in res.values():
         for r in recs:
             assert r["rollout/rollouts"] <= total
             assert r["rollout/rollouts"] >= total - 4 * SMALL["budget"].prompts  # only unspendable prefix budget

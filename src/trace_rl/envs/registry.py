@@ -11,7 +11,6 @@ import numpy as np
 
 from .data import data_root, load_tasks
 
-
 ENVS = ("calculator", "math", "qa", "bfcl")
 
 

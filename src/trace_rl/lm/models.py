@@ -82,7 +82,7 @@ def smollm2_path() -> Path:
     out = cache_dir() / "smollm2-135m-instruct"
     if (out / "config.json").exists():
         return out
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

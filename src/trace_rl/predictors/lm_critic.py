@@ -22,10 +22,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ..lm.models import MINILM, SMOLLM2, minilm_path, smollm2_path
 from ..tree import RolloutTree
 from .base import Prefix
 from .text import prompt_text
-from ..lm.models import MINILM, SMOLLM2, minilm_path, smollm2_path
+
 
 def _segments(tree: RolloutTree, node_id: str) -> list[str]:
     segs = [prompt_text(tree) + "\n"]
@@ -122,13 +123,12 @@ class LMCritic:
         return np.array([scores[t] for t in texts])
 
     def _predict_shared(self, prefixes) -> np.ndarray:
-        import copy
 
         from transformers import DynamicCache
 
         out = np.zeros(len(prefixes))
         by_tree: dict[int, tuple[RolloutTree, list[int]]] = {}
-        for k, (tree, nid) in enumerate(prefixes):
+        for k, (tree, _nid) in enumerate(prefixes):
             by_tree.setdefault(id(tree), (tree, []))[1].append(k)
         for tree, idx in by_tree.values():
             wanted = {prefixes[k][1] for k in idx}
@@ -151,7 +151,7 @@ class LMCritic:
                 self.stats["tokens_encoded"] += sum(len(ids) for _, (ids, _) in paths)
             scores = self._score_hidden(h)
             node_len: dict[str, int] = {}
-            for row, (end, (ids, bounds)) in enumerate(paths):
+            for row, (end, (_ids, bounds)) in enumerate(paths):
                 for node, b in zip(tree.path(end), bounds):
                     node_score.setdefault(node.node_id, float(scores[row, b - 1 - offset]))
                     node_len.setdefault(node.node_id, min(b, self.max_length))

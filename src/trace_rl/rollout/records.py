@@ -147,7 +147,9 @@ def summarize(results: dict[str, list[dict]], baseline: str | None = None) -> li
     baseline = baseline if baseline in results else ("grpo" if "grpo" in results else names[0])
     rows = []
     for name, recs in results.items():
-        total = lambda key: float(sum(r.get(key, 0) for r in recs))  # noqa: E731
+
+        def total(key: str, recs: list[dict] = recs) -> float:
+            return float(sum(r.get(key, 0) for r in recs))
         rollouts, continuations = total("rollout/rollouts"), total("rollout/continuations")
         second = recs[len(recs) // 2:]
         acc = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
