@@ -1,5 +1,6 @@
-# The whole set-up is `make demo` (the main job) and `make test` (the suite); both create .venv first.
-.PHONY: install models demo rollout evidence ablation propositions bench test clean
+# The whole set-up is `make demo` (the main job: train the tiny CPU agent with TRACE) and `make test` (lint and
+# the suite); each creates .venv first.
+.PHONY: install models demo train simulate rollout evidence ablation propositions bench lint test clean
 
 install: .venv/.installed
 
@@ -10,20 +11,23 @@ install: .venv/.installed
 models: install
 	MODELS=1 scripts/install.sh
 
-demo: install
-	.venv/bin/trace-rl simulate --out runs/simulate
+demo train: install
+	.venv/bin/trace-rl train
+
+simulate: install
+	.venv/bin/trace-rl simulate out=runs/simulate
 
 rollout: install
 	.venv/bin/trace-rl sft
-	.venv/bin/trace-rl rollout --out runs/rollout
+	.venv/bin/trace-rl rollout out=runs/rollout
 
 evidence: install
-	.venv/bin/trace-rl simulate --seeds 0,1,2,3 --out runs/simulate
-	.venv/bin/trace-rl simulate --ablation --seeds 0,1,2,3 --out runs/ablation
+	.venv/bin/trace-rl simulate seeds=0,1,2,3 out=runs/simulate
+	.venv/bin/trace-rl simulate --ablation seeds=0,1,2,3 out=runs/ablation
 	.venv/bin/trace-rl propositions
 
 ablation: install
-	.venv/bin/trace-rl simulate --ablation --out runs/ablation
+	.venv/bin/trace-rl simulate --ablation out=runs/ablation
 
 propositions: install
 	.venv/bin/trace-rl propositions
@@ -31,7 +35,11 @@ propositions: install
 bench: install
 	.venv/bin/python bench/bench_allocation.py
 
-test: install
+lint: install
+	.venv/bin/ruff check src tests bench
+	.venv/bin/ruff format --check src tests bench
+
+test: lint
 	.venv/bin/python -m pytest tests
 
 clean:

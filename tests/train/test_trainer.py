@@ -1,0 +1,94 @@
+"""`trace-rl train` end to end on a random tiny model: checkpoints, exact resume, a kill mid-checkpoint, and
+two steps on every environment."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from trace_rl.cli import main  # noqa: E402
+
+SMALL = ["policy.model=random-tiny", "budget.prompts=2", "budget.rollouts_per_prompt=2", "budget.pool_factor=2",
+         "budget.max_per_prompt=2", "policy.max_new_tokens=12", "eval_tasks=4", "eval_samples=2", "eval_every=1",
+         "progress=false", "logger=[jsonl]"]
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def untimed(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if not k.startswith("timing_s/") and k != "train/peak_rss_gib"}
+
+
+def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert main(["train", *SMALL, "steps=2", "seed=0", f"out={full}", "save_every=1"]) == 0
+    assert (full / "global_step_2" / "config.json").exists() and (full / "global_step_2" / "optimizer.pt").exists()
+    recs = records(full)
+    assert [r["step"] for r in recs] == [0, 1]
+    for key in ("train/loss", "train/clip_frac", "train/kl", "train/grad_norm", "eval/accuracy",
+                "rollout/effective_ratio", "timing_s/update"):
+        assert key in recs[-1], key
+    assert main(["train", *SMALL, "steps=1", "seed=0", f"out={part}"]) == 0
+    assert main(["train", *SMALL, "steps=2", "seed=0", f"out={part}", "resume=true"]) == 0
+    again = records(part)
+    assert [r["step"] for r in again] == [0, 1]
+    assert untimed(again[1]) == untimed(recs[1])
+    assert main(["train", *SMALL, "steps=2", f"out={part}"]) == 2  # checkpoints there and no resume: refused
+
+
+KILLER = """
+import os, signal, sys
+from trace_rl.train import checkpoint
+
+original = checkpoint._write_files
+
+def write_then_die(path, *args, **kwargs):
+    if path.name.startswith(".tmp-global_step_2"):
+        (path / "half-written").write_text("x")
+        os.kill(os.getpid(), signal.SIGKILL)  # killed in the middle of writing the second checkpoint
+    return original(path, *args, **kwargs)
+
+checkpoint._write_files = write_then_die
+from trace_rl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_kill_in_the_middle_of_a_checkpoint_write_leaves_a_run_that_resumes(tmp_path):
+    run = tmp_path / "run"
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
+                                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(script), "train", *SMALL, "steps=3", "save_every=1", f"out={run}"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL
+    assert (run / "global_step_1").is_dir() and not (run / "global_step_2").exists()
+    assert list(run.glob(".tmp-global_step_2*"))  # the half-written one is there, under its temporary name
+    assert main(["train", *SMALL, "steps=3", "save_every=1", f"out={run}", "resume=true"]) == 0
+    assert (run / "global_step_3").is_dir() and not list(run.glob(".tmp-*"))
+    assert [r["step"] for r in records(run)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("env", ["calculator", "math", "qa", "bfcl"])
+def test_two_steps_on_every_environment(tmp_path, env):
+    needs = {"math": "math_verify", "qa": "bm25s", "bfcl": "bfcl_eval"}
+    if env in needs:
+        pytest.importorskip(needs[env])
+    from trace_rl.envs.data import data_root
+
+    if env in ("math", "qa") and not data_root().exists():
+        pytest.skip("needs ../shared/data")
+    out = tmp_path / env
+    args = [*SMALL, "steps=2", f"env.name={env}", f"out={out}", "eval_tasks=2", "eval_samples=1"]
+    assert main(["train", *args]) == 0
+    assert len(records(out)) == 2 and (out / "global_step_2").is_dir()
