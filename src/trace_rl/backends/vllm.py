@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
 import tempfile
 import threading
 import zlib
@@ -107,7 +108,7 @@ class VLLMBackend(VersionedBackend):
             raise ValueError("VLLMBackend needs at least one engine")
         self.tokenizer = tokenizer
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        self.weights_dir = weights_dir or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+        self.weights_dir = weights_dir  # None: /dev/shm when it has room, else the temp directory
         self._loop = _loop or _LoopThread()
         self._ids = itertools.count()
         self._inflight, self._inflight_lock = 0, threading.Lock()
@@ -313,7 +314,7 @@ class VLLMBackend(VersionedBackend):
         import torch
 
         state = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-        fd, path = tempfile.mkstemp(prefix="trace-rl-weights-", suffix=".pt", dir=self.weights_dir)
+        fd, path = tempfile.mkstemp(prefix="trace-rl-weights-", suffix=".pt", dir=self._weights_dir(state))
         os.close(fd)
         try:
             torch.save(state, path)
@@ -326,6 +327,15 @@ class VLLMBackend(VersionedBackend):
                     raise RuntimeError(f"engine {i}: workers loaded {per_worker} tensors, expected {len(state)} each")
         finally:
             os.unlink(path)
+
+    def _weights_dir(self, state: dict) -> str:
+        if self.weights_dir:
+            return self.weights_dir
+        need = 1.1 * sum(t.numel() * t.element_size() for t in state.values()) + 2**20
+        # containers often mount a 64 MB /dev/shm: use it only when the state dict fits
+        if os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free > need:
+            return "/dev/shm"
+        return tempfile.gettempdir()
 
     def close(self) -> None:
         """Shut the engines down and stop the loop thread."""
