@@ -1,0 +1,228 @@
+"""OpenAI-compatible server backend: a vLLM or SGLang server's `/v1/completions`, token ids in and out.
+
+Each row is one POST with `prompt` as a list of token ids and the row's own `seed` (a batched prompt list
+would share one seed), sent from a thread pool so rows run concurrently and the server batches them. The
+sampled ids come back, in order of preference, from `choices[0].token_ids` (vLLM's `return_token_ids`),
+from `logprobs.tokens` written as "token_id:123" (vLLM's `return_tokens_as_token_ids`), or, when the server
+returns neither (SGLang, other servers), from re-tokenising the returned text with the given tokenizer.
+That fallback is lossy: text does not always re-tokenise to the ids that were sampled, so a count that
+disagrees with the returned log-probs is an error, except for the one case it can resolve (a row that
+stopped on EOS, whose token the text leaves out). Log-probs are `logprobs.token_logprobs` (`logprobs: 1`);
+a server that returns none is an error, since the trainer's importance ratio needs them. Start vLLM with
+`--logprobs-mode processed_logprobs` so they include temperature (see vllm.py).
+
+Connection errors, timeouts, 429 and 5xx are retried with exponential backoff (bounded: `max_retries`);
+any other 4xx fails at once with one line naming the status and the server's message. Standard library only
+(urllib), so nothing is added to the install.
+
+Weights live in the server: `update_weights(state_dict)` cannot load them from here and says so;
+`update_weights()` / `invalidate()` bump the version after the server's weights were changed by other means,
+and POST to `reset_path` when given (vLLM's `/reset_prefix_cache` in dev mode, SGLang's `/flush_cache`).
+Request and response fields as read in vLLM's vllm/entrypoints/openai/completion/protocol.py
+(`CompletionRequest`, `CompletionResponseChoice`, `CompletionLogProbs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from .base import Generation, SamplingParams, VersionedBackend, row_seeds
+
+RETRY_STATUS = frozenset({429}) | frozenset(range(500, 600))
+
+
+class ServerError(RuntimeError):
+    """The server answered with an error status (4xx at once, 5xx after the retries)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _server_message(raw: bytes) -> str:
+    """The message in an error body: OpenAI/vLLM {"error": {"message"}}, {"message"}, FastAPI {"detail"}."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return _one_line(text) or "(empty body)"
+    if isinstance(body, dict):
+        err = body.get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        msg = msg or body.get("message") or body.get("detail")
+        if msg:
+            return _one_line(msg if isinstance(msg, str) else json.dumps(msg))
+    return _one_line(text)
+
+
+class OpenAIServerBackend(VersionedBackend):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer,
+        api_key: str | None = None,
+        timeout: float = 300.0,
+        max_retries: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        workers: int = 64,
+        reset_path: str | None = None,
+        vllm_extensions: bool = True,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if max_retries < 0 or workers < 1:
+            raise ValueError(f"max_retries must be >= 0 and workers >= 1, got {max_retries} and {workers}")
+        self.base_url, self.model, self.tokenizer = base_url.rstrip("/"), model, tokenizer
+        self.base_url = self.base_url.removesuffix("/v1")  # accept the OpenAI-client style base URL too
+        self.api_key, self.timeout = api_key, timeout
+        self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
+        self.reset_path, self.vllm_extensions, self.sleep = reset_path, vllm_extensions, sleep
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="trace-openai")
+        self.stats = {"requests": 0, "retries": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "retokenized": 0}
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+    def post(self, path: str, body: dict) -> dict:
+        """POST JSON, retrying connection errors, timeouts, 429 and 5xx with exponential backoff."""
+        url = self.base_url + path
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self.stats["retries"] += 1
+                self.sleep(min(self.backoff * 2 ** (attempt - 1), self.max_backoff))
+            req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    raw = resp.read()
+            except urllib.error.HTTPError as err:
+                msg = f"POST {url} -> HTTP {err.code}: {_server_message(err.read())}"
+                if err.code not in RETRY_STATUS:
+                    raise ServerError(msg, err.code) from None
+                last, status = msg, err.code
+                continue
+            except (TimeoutError, urllib.error.URLError, http.client.HTTPException, ConnectionError) as err:
+                last, status = f"POST {url}: {_one_line(str(getattr(err, 'reason', err)))}", None
+                continue
+            try:
+                return json.loads(raw)
+            except ValueError:
+                text = _one_line(raw.decode("utf-8", "replace"))
+                raise ServerError(f"POST {url}: the server's answer is not JSON: {text}", 200) from None
+        tries = f"{self.max_retries + 1} attempt{'s' * bool(self.max_retries)}"
+        if status is None:
+            raise ConnectionError(f"{last} (gave up after {tries})")
+        raise ServerError(f"{last} (gave up after {tries})", status)
+
+    # -- one row ------------------------------------------------------------------------------------
+    def request_body(self, prompt: list[int], params: SamplingParams, seed: int) -> dict:
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": seed,
+            "logprobs": 1,  # the sampled token's log-prob (plus the top-1)
+        }
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if self.vllm_extensions:  # vLLM request fields; ignored by servers that do not know them
+            body.update(return_token_ids=True, return_tokens_as_token_ids=True, include_stop_str_in_output=True)
+        return body
+
+    def to_generation(self, reply: dict, prompt_len: int) -> Generation:
+        choice = (reply.get("choices") or [None])[0]
+        if not isinstance(choice, dict):
+            raise ServerError(f"completion reply without choices: {_one_line(json.dumps(reply))}", 200)
+        text, reason = choice.get("text") or "", choice.get("finish_reason")
+        if reason not in ("stop", "length"):
+            raise ServerError(f"completion ended with finish_reason={reason!r}", 200)
+        lp = choice.get("logprobs") or {}
+        lps = lp.get("token_logprobs")
+        if not lps or any(x is None for x in lps):
+            raise ServerError("the server returned no log-probs for the sampled tokens (send `logprobs: 1`)", 200)
+        tokens = lp.get("tokens") or []
+        if choice.get("token_ids") is not None:
+            ids = [int(t) for t in choice["token_ids"]]
+        elif tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+            ids = [int(t.split(":", 1)[1]) for t in tokens]
+        else:
+            ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
+            self.stats["retokenized"] += 1
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+            if reason == "stop" and eos is not None and len(lps) == len(ids) + 1:
+                ids.append(eos)  # stopped on EOS: the token the text leaves out
+        if len(ids) != len(lps):
+            raise ServerError(
+                f"{len(lps)} log-probs for {len(ids)} tokens; have the server return token ids "
+                "(vLLM: return_token_ids / return_tokens_as_token_ids)",
+                200,
+            )
+        usage = reply.get("usage") or {}
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        self.stats["prompt_tokens"] += prompt_len
+        self.stats["cached_prompt_tokens"] += cached
+        # without cached_tokens (vLLM: --enable-prompt-tokens-details) this is an upper bound: the whole prompt
+        return Generation(ids, [float(x) for x in lps], reason, text, prefix_tokens_computed=prompt_len - cached)
+
+    def _row(self, prompt: list[int], params: SamplingParams, seed: int) -> Generation:
+        reply = self.post("/v1/completions", self.request_body(prompt, params, seed))
+        self.stats["requests"] += 1
+        return self.to_generation(reply, len(prompt))
+
+    # -- protocol -----------------------------------------------------------------------------------
+    def _futures(self, prompts, params, seed, seeds):
+        prompts = [[int(t) for t in p] for p in prompts]
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        return [
+            self._pool.submit(self._row, p, params, s) for p, s in zip(prompts, row_seeds(len(prompts), seed, seeds))
+        ]
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generation]:
+        return [f.result() for f in self._futures(prompts, params, seed, seeds)]
+
+    async def agenerate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
+        """Rows run in the backend's thread pool; the event loop only awaits them."""
+        return list(
+            await asyncio.gather(*(asyncio.wrap_future(f) for f in self._futures(prompts, params, None, seeds)))
+        )
+
+    def clear_cache(self) -> None:
+        if self.reset_path:
+            self.post(self.reset_path, {})
+
+    def _load_state_dict(self, state_dict: dict) -> None:
+        raise NotImplementedError(
+            "OpenAIServerBackend cannot push weights into a server; update the server's weights by its own "
+            "means (e.g. vLLM's RL weight-update endpoints), then call update_weights() with no state dict"
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

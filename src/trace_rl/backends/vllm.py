@@ -1,0 +1,346 @@
+"""vLLM backend: the token-in/token-out protocol on vLLM's async engine (`AsyncLLM`), one request per row.
+
+Each row goes in as a `TokensPrompt` with its own `SamplingParams(seed=row seed)`, so what a row samples does
+not depend on its batch, and vLLM's scheduler batches whatever is in flight. Automatic prefix caching
+(`enable_prefix_caching=True`) does for continuations of one prefix what the HF backend's prefix-KV cache
+does, in paged memory; `Generation.prefix_tokens_computed` is the row's prompt length minus vLLM's
+`num_cached_tokens` for it (so per row, in whole KV blocks). Several engines can serve one backend: every
+row of one tree goes to the same engine (`route(key)`), so its siblings find the shared prefix in that
+engine's cache.
+
+Log-probs are those of the sampled tokens under the distribution sampling drew from: the engine is built
+with `logprobs_mode="processed_logprobs"` (after temperature and top-k/top-p; vLLM's default, raw
+log-probs, ignores temperature and would bias the importance ratio). At top_p = 1 this is what the HF
+backend and the trainer compute (temperature-scaled softmax); at top_p < 1 vLLM renormalises over the
+nucleus while HF reports the pre-top-p value. Greedy rows (temperature 0) get the unscaled log-softmax.
+
+Weight sync: `update_weights(state_dict)` writes the tensors to a file (shared memory where there is some)
+and has every worker load them with `model_runner.model.load_weights(...)` through `collective_rpc` and the
+worker extension class `WorkerWeightLoader` (vLLM's own RLHF examples load weights the same way). The file
+hop costs one copy through host memory: simple and independent of vLLM's RPC serialisation, fine for
+models of a few GB, and it assumes the engine's workers share this machine's filesystem (true of
+`AsyncLLM`, whose engine core is a local subprocess). NCCL or CUDA-IPC transfer for large models is a
+deployment choice left out. Every sync then resets the prefix cache and bumps `weight_version`; a sync
+while rows are in flight is refused rather than mixing weights inside one batch.
+
+The engine lives on a private event-loop thread: `AsyncLLM` binds its output handler to the loop of its
+first request, and the rollout engine runs each step under a fresh `asyncio.run`. `agenerate` (any loop)
+and `generate` (sync) both hand their work to that thread.
+
+Written against vLLM's API as read at commit 8ef0b5f50994abaef30bca67b5ec167e5187b99b
+(vllm/v1/engine/async_llm.py: `generate(prompt, sampling_params, request_id)`, `reset_prefix_cache()`,
+`collective_rpc(method, timeout, args, kwargs)`, `shutdown()`), with vllm/sampling_params.py,
+vllm/outputs.py (`RequestOutput.num_cached_tokens`, `CompletionOutput.finish_reason/logprobs`) and
+vllm/v1/engine/logprobs.py (which treats `logprobs=0` as "none" in some versions: hence `logprobs=1`).
+vLLM is an optional extra (`pip install trace-rl[vllm]`) and is imported only inside functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import zlib
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from .base import Generation, SamplingParams, VersionedBackend, row_seeds
+
+LOAD_METHOD = "trace_rl_load_weights"  # the worker-extension method update_weights calls on every worker
+
+
+def route(key: object, engines: int) -> int:
+    """The engine index for `key` (a tree id): stable across calls and processes (crc32, not `hash`)."""
+    if engines < 1:
+        raise ValueError(f"engines must be >= 1, got {engines}")
+    return zlib.crc32(repr(key).encode()) % engines
+
+
+class WorkerWeightLoader:
+    """Mixed into vLLM's worker (`worker_extension_cls`): loads a state dict saved by `VLLMBackend`.
+
+    Runs inside each worker process, where `self.model_runner.model` is the served model; vLLM's
+    `load_weights` takes Hugging Face parameter names and shards them for tensor parallelism itself."""
+
+    def trace_rl_load_weights(self, path: str) -> int:
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        self.model_runner.model.load_weights(weights=list(state.items()))
+        return len(state)
+
+
+class _LoopThread:
+    """An event loop running forever in a daemon thread; coroutines are submitted from any thread."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="trace-vllm-loop", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Coroutine) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine):
+        if threading.current_thread() is self.thread:
+            coro.close()
+            raise RuntimeError("a blocking VLLMBackend call was made from its own event-loop thread")
+        return self.submit(coro).result()
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+class VLLMBackend(VersionedBackend):
+    """`PolicyBackend` on one or more vLLM `AsyncLLM` engines (`launch` builds one; tests pass fakes)."""
+
+    def __init__(self, engines: Any, tokenizer, weights_dir: str | None = None, _loop: _LoopThread | None = None):
+        self.engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
+        if not self.engines:
+            raise ValueError("VLLMBackend needs at least one engine")
+        self.tokenizer = tokenizer
+        self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.weights_dir = weights_dir  # None: /dev/shm when it has room, else the temp directory
+        self._loop = _loop or _LoopThread()
+        self._ids = itertools.count()
+        self._inflight, self._inflight_lock = 0, threading.Lock()
+        self.stats = {"requests": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0}
+
+    @classmethod
+    def launch(
+        cls,
+        model: str,
+        tokenizer=None,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.85,
+        seed: int = 0,
+        **engine_kwargs,
+    ) -> VLLMBackend:
+        """One `AsyncLLM` for `model`, with prefix caching, processed log-probs and the weight loader.
+
+        `engine_kwargs` go to `AsyncEngineArgs` (e.g. max_model_len, tensor_parallel_size, enforce_eager).
+        The worker processes must be able to import trace_rl (installed, or on PYTHONPATH)."""
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model)
+        args = AsyncEngineArgs(
+            model=model,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=f"{__name__}.{WorkerWeightLoader.__name__}",
+            **engine_kwargs,
+        )
+        loop = _LoopThread()
+
+        async def build():  # on the backend's loop, so the engine's output handler lives there
+            return AsyncLLM.from_engine_args(args)
+
+        return cls(loop.run(build()), tokenizer, _loop=loop)
+
+    # -- requests -----------------------------------------------------------------------------------
+    def request_params(self, params: SamplingParams, seed: int):
+        """vLLM `SamplingParams` for one row."""
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VSamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            seed=seed,
+            # logprobs=1: the sampled token's log-prob always comes back (plus the top-1); 0 reads as "none"
+            # in some vLLM versions
+            logprobs=1,
+            stop=list(params.stop) or None,
+            stop_token_ids=list(self.stop_token_ids) or None,
+            include_stop_str_in_output=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    @staticmethod
+    def tokens_prompt(ids: Sequence[int]):
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=[int(t) for t in ids])
+
+    def engine_for(self, key: object) -> int:
+        return route(key, len(self.engines))
+
+    def to_generation(self, out, prompt_len: int) -> Generation:
+        """A finished `RequestOutput` -> `Generation` (token ids, sampled log-probs, stop reason)."""
+        if not out.outputs:
+            raise RuntimeError(f"vLLM request {out.request_id} returned no completion")
+        c = out.outputs[0]
+        ids = [int(t) for t in c.token_ids]
+        if c.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM request {out.request_id} ended with finish_reason={c.finish_reason!r}")
+        if c.logprobs is None or len(c.logprobs) != len(ids):
+            raise RuntimeError(
+                f"vLLM request {out.request_id}: {0 if c.logprobs is None else len(c.logprobs)} "
+                f"log-prob entries for {len(ids)} tokens"
+            )
+        try:
+            lps = [float(pos[t].logprob) for t, pos in zip(ids, c.logprobs)]
+        except KeyError as err:
+            raise RuntimeError(f"vLLM request {out.request_id}: no log-prob for sampled token {err}") from None
+        cached = out.num_cached_tokens or 0
+        self.stats["requests"] += 1
+        self.stats["prompt_tokens"] += prompt_len
+        self.stats["cached_prompt_tokens"] += cached
+        self.stats["generated_tokens"] += len(ids)
+        return Generation(ids, lps, c.finish_reason, c.text, prefix_tokens_computed=max(prompt_len - cached, 0))
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Prompt tokens served from vLLM's prefix cache, over all prompt tokens sent (0 before any)."""
+        return self.stats["cached_prompt_tokens"] / max(self.stats["prompt_tokens"], 1)
+
+    async def _one(self, engine, prompt: list[int], sp, request_id: str):
+        final = None
+        async for out in engine.generate(self.tokens_prompt(prompt), sp, request_id):
+            final = out
+        if final is None or not final.finished:
+            raise RuntimeError(f"vLLM request {request_id} ended without a finished output")
+        return final
+
+    async def _rows(self, prompts, params: SamplingParams, seeds, keys) -> list[Generation]:
+        calls = []
+        for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+            engine = self.engines[self.engine_for(keys[i]) if keys is not None else 0]
+            rid = f"trace-{self.weight_version}-{next(self._ids)}"
+            calls.append(self._one(engine, prompt, self.request_params(params, seed), rid))
+        outs = await asyncio.gather(*calls)
+        return [self.to_generation(out, len(p)) for out, p in zip(outs, prompts)]
+
+    def _submit(self, prompts, params: SamplingParams, seeds, keys) -> Future:
+        """Start a call on the loop thread; it counts as in flight (blocking weight syncs) until it ends."""
+        with self._inflight_lock:
+            self._inflight += 1
+
+        async def counted():
+            try:
+                return await self._rows(prompts, params, seeds, keys)
+            finally:  # before the caller's future resolves, so a sync right after the call sees it ended
+                self._done()
+
+        coro = counted()
+        try:
+            return self._loop.submit(coro)
+        except BaseException:
+            coro.close()
+            self._done()
+            raise
+
+    def _done(self) -> None:
+        with self._inflight_lock:
+            self._inflight -= 1
+
+    def _prepare(self, prompts, seed, seeds, keys):
+        prompts = [list(p) for p in prompts]
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if keys is not None and len(keys) != len(prompts):
+            raise ValueError(f"keys: {len(keys)} keys for {len(prompts)} prompts")
+        return prompts, row_seeds(len(prompts), seed, seeds)
+
+    async def agenerate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seeds: Sequence[int] | None = None,
+        keys: Sequence[object] | None = None,
+    ) -> list[Generation]:
+        """One continuation per prompt, from any event loop. `keys[i]` (e.g. the row's tree id) picks the
+        row's engine via `route`, so a tree's rows share one engine's prefix cache; without keys every row
+        goes to the first engine."""
+        prompts, seeds = self._prepare(prompts, None, seeds, keys)
+        if not prompts:
+            return []
+        return await asyncio.wrap_future(self._submit(prompts, params, seeds, keys))
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+        keys: Sequence[object] | None = None,
+    ) -> list[Generation]:
+        prompts, seeds = self._prepare(prompts, seed, seeds, keys)
+        if not prompts:
+            return []
+        if threading.current_thread() is self._loop.thread:
+            raise RuntimeError("VLLMBackend.generate was called from its own event-loop thread")
+        return self._submit(prompts, params, seeds, keys).result()
+
+    # -- weights and caches -------------------------------------------------------------------------
+    def _require_idle(self, what: str) -> None:
+        if self._inflight:
+            raise RuntimeError(f"{what} while {self._inflight} generate call(s) are in flight; finish the step first")
+
+    def clear_cache(self) -> None:
+        self._require_idle("prefix-cache reset")
+
+        async def reset():
+            return await asyncio.gather(*(e.reset_prefix_cache() for e in self.engines))
+
+        for i, ok in enumerate(self._loop.run(reset())):
+            if ok is False:  # vLLM returns False when requests still hold blocks (older versions return None)
+                raise RuntimeError(f"engine {i}: vLLM refused to reset its prefix cache")
+
+    def update_weights(self, state_dict: dict | None = None) -> int:
+        """Load `state_dict` (HF parameter names) into every engine, reset prefix caches, bump the version.
+        With no state dict, only the reset and the bump (weights were updated by other means)."""
+        self._require_idle("weight sync")
+        return super().update_weights(state_dict)
+
+    def _load_state_dict(self, state_dict: dict) -> None:
+        import torch
+
+        state = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+        fd, path = tempfile.mkstemp(prefix="trace-rl-weights-", suffix=".pt", dir=self._weights_dir(state))
+        os.close(fd)
+        try:
+            torch.save(state, path)
+
+            async def load():
+                return await asyncio.gather(*(e.collective_rpc(LOAD_METHOD, args=(path,)) for e in self.engines))
+
+            for i, per_worker in enumerate(self._loop.run(load())):
+                if not per_worker or any(n != len(state) for n in per_worker):
+                    raise RuntimeError(f"engine {i}: workers loaded {per_worker} tensors, expected {len(state)} each")
+        finally:
+            os.unlink(path)
+
+    def _weights_dir(self, state: dict) -> str:
+        if self.weights_dir:
+            return self.weights_dir
+        need = 1.1 * sum(t.numel() * t.element_size() for t in state.values()) + 2**20
+        # containers often mount a 64 MB /dev/shm: use it only when the state dict fits
+        if os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free > need:
+            return "/dev/shm"
+        return tempfile.gettempdir()
+
+    def close(self) -> None:
+        """Shut the engines down and stop the loop thread."""
+        for engine in self.engines:
+            shutdown = getattr(engine, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+        self._loop.close()

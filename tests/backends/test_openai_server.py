@@ -1,0 +1,228 @@
+"""OpenAIServerBackend against a stub /v1/completions server on 127.0.0.1 (port 0, bounded loop, shut down)."""
+
+import asyncio
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from trace_rl.backends.base import SamplingParams
+from trace_rl.backends.openai_server import OpenAIServerBackend, ServerError
+
+EOS = 3
+
+
+class CharTok:
+    """Token t <-> chr(t + 50): invertible, so re-tokenising text gives the sampled ids back."""
+
+    eos_token_id = EOS
+
+    def __call__(self, text, add_special_tokens=False):
+        return SimpleNamespace(input_ids=[ord(c) - 50 for c in text])
+
+
+def sample(prompt, seed, n):
+    """The stub's deterministic 'model': a row's tokens and log-probs from its prompt and seed."""
+    if prompt[0] == 1:  # stops on EOS after one token
+        return [12, EOS], [-0.25, -0.5], "stop"
+    ids = [(seed + sum(prompt) + i) % 50 + 10 for i in range(n)]
+    return ids, [-0.01 * (i + 1) - 0.001 * (seed % 7) for i in range(n)], "length"
+
+
+class Stub:
+    def __init__(self, mode="ids"):
+        self.mode, self.bodies, self.failures, self.hits = mode, [], [], 0
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                stub.hits += 1
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.bodies.append((self.path, body))
+                if stub.failures:
+                    status = stub.failures.pop(0)
+                    return self._send(
+                        status, {"error": {"message": f"stub says {status}\nsecond line", "code": status}}
+                    )
+                if self.path == "/reset_prefix_cache":
+                    return self._send(200, {})
+                ids, lps, reason = sample(body["prompt"], body["seed"], body["max_tokens"])
+                text = "".join(chr(t + 50) for t in ids if t != EOS)
+                tokens = [f"token_id:{t}" if stub.mode == "strings" else chr(t + 50) for t in ids]
+                choice = {
+                    "index": 0,
+                    "text": text,
+                    "finish_reason": reason,
+                    "logprobs": {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None},
+                }
+                if stub.mode == "ids":
+                    choice["token_ids"] = ids
+                usage = {
+                    "prompt_tokens": len(body["prompt"]),
+                    "completion_tokens": len(ids),
+                    "prompt_tokens_details": {"cached_tokens": 4 if len(body["prompt"]) > 4 else 0},
+                }
+                self._send(200, {"id": "cmpl-1", "object": "text_completion", "choices": [choice], "usage": usage})
+
+            def _send(self, status, obj):
+                raw = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.timeout = 0.05
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        for _ in range(4000):  # bounded: at most 200 s of 50 ms polls
+            if self.stop.is_set():
+                break
+            self.server.handle_request()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.server.server_close()
+
+
+@pytest.fixture
+def stub():
+    s = Stub()
+    yield s
+    s.close()
+
+
+def make(url, **kw):
+    kw.setdefault("sleep", lambda s: None)
+    return OpenAIServerBackend(url, "stub-model", CharTok(), **kw)
+
+
+PARAMS = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=6, stop=("END",))
+PROMPTS = [[5, 6, 7, 8, 9], [5, 6, 7], [1, 2]]
+
+
+@pytest.mark.parametrize("mode", ["ids", "strings", "text"])
+def test_ids_and_logprobs_round_trip(stub, mode):
+    stub.mode = mode
+    be = make(stub.url)
+    gens = be.generate(PROMPTS, PARAMS, seeds=[10, 11, 12])
+    for p, s, g in zip(PROMPTS, [10, 11, 12], gens):
+        ids, lps, reason = sample(p, s, 6)
+        assert g.token_ids == ids and g.logprobs == pytest.approx(lps) and g.stop_reason == reason
+    assert gens[2].token_ids[-1] == EOS  # in text mode the EOS comes back from the log-prob count
+    assert [g.prefix_tokens_computed for g in gens] == [1, 3, 2]
+    assert be.stats["retokenized"] == (3 if mode == "text" else 0)
+    be.close()
+
+
+def test_each_row_sends_its_own_seed_and_the_sampling_settings(stub):
+    be = make(stub.url + "/v1/")
+    be.generate(PROMPTS, PARAMS, seeds=[10, 11, 12])
+    bodies = sorted((b for _, b in stub.bodies), key=lambda b: b["seed"])
+    assert {path for path, _ in stub.bodies} == {"/v1/completions"}
+    assert [(b["prompt"], b["seed"]) for b in bodies] == list(zip(PROMPTS, [10, 11, 12]))
+    b = bodies[0]
+    assert (b["model"], b["max_tokens"], b["temperature"], b["top_p"], b["logprobs"]) == ("stub-model", 6, 0.8, 0.95, 1)
+    assert b["stop"] == ["END"] and b["return_tokens_as_token_ids"] and b["return_token_ids"]
+    be.close()
+
+
+def test_retries_5xx_with_exponential_backoff_then_succeeds(stub):
+    delays = []
+    be = make(stub.url, backoff=0.1, sleep=delays.append)
+    stub.failures = [503, 502]
+    g = be.generate([[5, 6]], PARAMS, seeds=[1])[0]
+    assert g.token_ids == sample([5, 6], 1, 6)[0]
+    assert stub.hits == 3 and delays == [0.1, 0.2] and be.stats["retries"] == 2
+    be.close()
+
+
+def test_persistent_5xx_gives_up_after_the_retries(stub):
+    delays = []
+    be = make(stub.url, max_retries=2, backoff=1.0, max_backoff=1.5, sleep=delays.append)
+    stub.failures = [500] * 5
+    with pytest.raises(ServerError, match=r"HTTP 500: stub says 500 second line \(gave up after 3 attempts\)"):
+        be.generate([[5, 6]], PARAMS, seeds=[1])
+    assert stub.hits == 3 and delays == [1.0, 1.5]  # capped at max_backoff
+    be.close()
+
+
+def test_400_fails_at_once_with_one_line_naming_status_and_message(stub):
+    delays = []
+    be = make(stub.url, sleep=delays.append)
+    stub.failures = [400]
+    with pytest.raises(ServerError) as err:
+        be.generate([[5, 6]], PARAMS, seeds=[1])
+    msg = str(err.value)
+    assert "HTTP 400" in msg and "stub says 400 second line" in msg and "\n" not in msg
+    assert err.value.status == 400 and stub.hits == 1 and delays == []
+    be.close()
+
+
+def test_connection_refused_is_retried_then_a_clear_error():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    delays = []
+    be = make(f"http://127.0.0.1:{port}", max_retries=3, backoff=0.01, sleep=delays.append)
+    with pytest.raises(ConnectionError, match=rf"127.0.0.1:{port}/v1/completions.*gave up after 4 attempts"):
+        be.generate([[5, 6]], PARAMS, seeds=[1])
+    assert delays == [0.01, 0.02, 0.04]
+    be.close()
+
+
+def test_agenerate_inside_an_event_loop(stub):
+    be = make(stub.url)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.create_task(ticker())
+        gens = await be.agenerate(PROMPTS, PARAMS, seeds=[10, 11, 12])
+        t.cancel()
+        return gens, ticks
+
+    gens, ticks = asyncio.run(main())
+    assert [g.token_ids for g in gens] == [sample(p, s, 6)[0] for p, s in zip(PROMPTS, [10, 11, 12])]
+    assert ticks > 0  # the loop kept running while the rows were out
+    be.close()
+
+
+def test_mismatched_retokenisation_and_missing_logprobs_are_errors():
+    be = make("http://127.0.0.1:9")
+    reply = {
+        "choices": [{"text": "AB", "finish_reason": "length", "logprobs": {"tokens": ["AB"], "token_logprobs": [-0.1]}}]
+    }
+    with pytest.raises(ServerError, match="1 log-probs for 2 tokens"):
+        be.to_generation(reply, 3)
+    reply["choices"][0]["logprobs"] = None
+    with pytest.raises(ServerError, match="no log-probs"):
+        be.to_generation(reply, 3)
+    be.close()
+
+
+def test_weights_cannot_be_pushed_but_a_version_bump_resets_the_server_cache(stub):
+    be = make(stub.url, reset_path="/reset_prefix_cache")
+    with pytest.raises(NotImplementedError, match="cannot push weights"):
+        be.update_weights({"w": 0})
+    assert be.weight_version == 0
+    assert be.update_weights() == 1 and stub.bodies[-1][0] == "/reset_prefix_cache"
+    be.close()
