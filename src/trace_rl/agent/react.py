@@ -69,9 +69,11 @@ class Episode:
     done: bool = False
     reward: float = 0.0
     seed: int = 0  # the episode's random stream: turn t samples with derive_seed(seed, t)
+    key: str = ""  # the tree it belongs to: backends that route requests keep a tree on one engine
 
     def fork(self) -> "Episode":
-        return Episode(self.env.fork(), list(self.token_ids), list(self.turns), self.done, self.reward, self.seed)
+        return Episode(self.env.fork(), list(self.token_ids), list(self.turns), self.done, self.reward, self.seed,
+                       self.key)
 
 
 def start_episode(env: AgentEnv, task: dict, fmt: ChatFormat) -> Episode:

@@ -91,6 +91,17 @@ class HFBackend(VersionedBackend):
         self.stats["reused_prefix_tokens"] += len(best)
         return cache, len(todo), logits
 
+    def __getstate__(self) -> dict:  # shipped to Ray workers: the weights travel, the caches do not
+        state = dict(self.__dict__)
+        state.pop("torch")
+        state.update(_prefix_cache=OrderedDict(), _rows=OrderedDict(), _row_lengths={}, _row_bytes=0)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        import torch
+
+        self.__dict__.update(state, torch=torch)
+
     def _load_state_dict(self, state_dict: dict) -> None:
         self.model.load_state_dict(state_dict)
 

@@ -20,8 +20,9 @@ from ..predictors import training_examples
 from ..predictors.diagnostics import node_records
 from ..seeding import derive_rng, derive_seed
 from ..tree import load_trees, save_trees
-from .engine import TreeRolloutEngine
+from .engine import EXECUTORS, TreeRolloutEngine, make_executor
 from .lm_actor import BATCHING, LMActor
+from .ray_executor import RayConfig
 from .records import MetricsWriter, step_record
 
 
@@ -119,8 +120,12 @@ class EngineConfig:
 
     batching: str = "round"  # round: reproducible batches | eager: no prompt waits for another's tool call
     env_workers: int = 8  # threads that run environment steps off the event loop
+    executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
+    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
 
     def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {self.batching!r}")
         if self.env_workers < 1:
@@ -199,12 +204,13 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
     # took a few % of a tiny-model run's wall-clock and made the overhead figure jumpy).
     gc.freeze()
     results: dict[str, list[dict]] = {}
+    executor = make_executor(cfg.engine.executor, cfg.engine.ray)
     try:
         for name in cfg.methods:
             method = get_method(name)
             actor = LMActor(backend, spec.make, params, cfg.engine.batching, cfg.engine.env_workers)
             engine = TreeRolloutEngine(actor, make_predictor(cfg, method, warmup), cfg.budget, seed=cfg.seed,
-                                       prefix_share=cfg.predictor.prefix_share)
+                                       prefix_share=cfg.predictor.prefix_share, executor=executor)
             records = results.setdefault(name, [])
             for step, pool in enumerate(pools):
                 result = engine.grow(pool, method, step)

@@ -48,6 +48,13 @@ class Clock:
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
 
+    def __getstate__(self) -> dict:  # a lock does not pickle: an executor ships actors that hold a clock
+        return {"seconds": dict(self.seconds)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+        self.seconds.update(state["seconds"])
+
     def env_started(self) -> None:
         with self._lock:
             if not self._env_running:
@@ -115,15 +122,129 @@ class StepResult:
         return max(t["total"] - t["generate"] - t["predictor"] - t["env"], 0.0)
 
 
+@dataclass
+class PromptResult:
+    """What growing one prompt's tree produced (an executor may run it in another process)."""
+
+    index: int
+    tree: RolloutTree
+    bare_rollouts: int = 0
+    continuations: int = 0
+    generated_tokens: int = 0
+    prefix_generated_tokens: int = 0
+    unspent_prefix_budget: int = 0
+    events: list[tuple[str, int, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PromptJob:
+    """One prompt's share of a step: its tree (root already scored), task and root rollouts."""
+
+    index: int
+    tree: RolloutTree
+    task: object
+    rollouts: int
+
+
+async def grow_prompt(actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int,
+                      job: PromptJob, clock: Clock, t0: float) -> PromptResult:
+    """Bare rollouts of one prompt, then its stage 2 as soon as they end. Every random draw comes from streams
+    named by (seed, step, prompt), so the result does not depend on where or when it runs."""
+    i, tree, mi = job.index, job.tree, job.rollouts
+    out = PromptResult(i, tree)
+    try:
+        seeds = [derive_seed(seed, "rollout", step, i, 0, j) for j in range(mi)]
+        episodes = actor.start(tree, job.task, seeds)
+        snapshots: dict[str, object] = {}
+        out.bare_rollouts = mi
+        out.generated_tokens = await _lockstep(actor, tree, episodes, [tree.root_id] * mi, BARE,
+                                               snapshots if method.branches else None)
+        out.events.append(("bare_done", i, time.perf_counter() - t0))
+        if not method.branches:
+            return out
+        anchors = tree.anchors()
+        budget = mi * plan.branch_factor
+        if not anchors:
+            out.unspent_prefix_budget = budget
+            return out
+        t1 = time.perf_counter()
+        values = predictor.predict([(tree, node.node_id) for node, _ in anchors])
+        clock.add("predictor", time.perf_counter() - t1)
+        t1 = time.perf_counter()
+        for (node, _), val in zip(anchors, values):
+            node.predicted = float(val)
+        q = prefix_flip_prob(np.array([r for _, r in anchors]), values)
+        k = allocate_method_prefixes(method, q, budget, derive_rng(seed, "prefixes", step, i))
+        branches, parents = [], []
+        for (node, _), kj in zip(anchors, k):
+            for _ in range(kj):
+                branch_seed = derive_seed(seed, "rollout", step, i, 1, len(branches))
+                branches.append(actor.fork(snapshots[node.node_id], branch_seed))
+                parents.append(node.node_id)
+        clock.add("allocate", time.perf_counter() - t1)
+        out.events.append(("stage2_start", i, time.perf_counter() - t0))
+        out.continuations = len(branches)
+        tokens = await _lockstep(actor, tree, branches, parents, BRANCH, None)
+        out.generated_tokens += tokens
+        out.prefix_generated_tokens = tokens
+        return out
+    finally:
+        actor.end_prompt()
+
+
+async def _lockstep(actor: Actor, tree: RolloutTree, episodes: list, parents: list[str], origin: str,
+                    snapshots: dict | None) -> int:
+    """Advance `episodes` one turn at a time until all are done, appending each turn under its parent."""
+    generated = 0
+    while True:
+        live = [j for j, ep in enumerate(episodes) if not ep.done]
+        if not live:
+            return generated
+        turns = await actor.advance([episodes[j] for j in live])
+        for j, fields in zip(live, turns):
+            ep = episodes[j]
+            generated += len(fields.get("logprobs", ()))
+            node = tree.add_turn(parents[j], origin=origin, terminal=ep.done,
+                                 reward=float(ep.reward) if ep.done else None, **fields)
+            parents[j] = node.node_id
+            if snapshots is not None and not ep.done:
+                snapshots[node.node_id] = actor.fork(ep, 0)  # the state to branch from later
+
+
+class LocalExecutor:
+    """Runs every prompt of a step as an asyncio task in this process (the default)."""
+
+    async def run(self, actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int,
+                  jobs: list[PromptJob], clock: Clock, t0: float) -> list[PromptResult]:
+        actor.begin_step(len(jobs), clock)
+        return list(await asyncio.gather(*(grow_prompt(actor, predictor, plan, method, seed, step, job, clock, t0)
+                                           for job in jobs)))
+
+
+EXECUTORS = ("local", "ray")
+
+
+def make_executor(kind: str, ray_config=None):
+    """The executor named by `kind`: local (asyncio tasks in this process) or ray (a pool of Ray workers)."""
+    if kind == "local":
+        return LocalExecutor()
+    if kind == "ray":
+        from .ray_executor import RayExecutor
+
+        return RayExecutor(ray_config)
+    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+
+
 class TreeRolloutEngine:
     """Grows one step's trees over a candidate pool with a method, then updates the method's predictor."""
 
     def __init__(self, actor: Actor, predictor: Predictor, plan: BudgetPlan, seed: int = 0,
-                 prefix_share: float = 0.5, update_predictor: bool = True):
+                 prefix_share: float = 0.5, update_predictor: bool = True, executor=None):
         if not 0.0 <= prefix_share < 1.0:
             raise ValueError(f"prefix_share must be in [0, 1), got {prefix_share}")
         self.actor, self.predictor, self.plan, self.seed = actor, predictor, plan, seed
         self.prefix_share, self.update_predictor = prefix_share, update_predictor
+        self.executor = executor or LocalExecutor()
 
     def grow(self, tasks: Sequence, method: Method, step: int = 0) -> StepResult:
         """`agrow` from synchronous code; inside a running event loop, use `await engine.agrow(...)`."""
@@ -137,7 +258,6 @@ class TreeRolloutEngine:
         start = time.perf_counter()
         trees = [self.actor.tree(i, task) for i, task in enumerate(tasks)]
         result, clock = StepResult(method.name, step, trees), Clock()
-        self._t0 = start
 
         t0 = time.perf_counter()
         v = self.predictor.predict([(t, t.root_id) for t in trees])
@@ -148,10 +268,18 @@ class TreeRolloutEngine:
         for tree, vi in zip(trees, v):
             tree.root.predicted = float(vi)
 
-        jobs = [(i, int(mi)) for i, mi in enumerate(m) if mi > 0]
-        self.actor.begin_step(len(jobs), clock)
-        await asyncio.gather(*(self._grow_prompt(i, trees[i], tasks[i], mi, method, step, result, clock)
-                               for i, mi in jobs))
+        jobs = [PromptJob(i, trees[i], tasks[i], int(mi)) for i, mi in enumerate(m) if mi > 0]
+        done = await self.executor.run(self.actor, self.predictor, self.plan, method, self.seed, step, jobs, clock,
+                                       start)
+        for res in done:  # an executor in another process returns its own copy of the tree
+            trees[res.index] = res.tree
+            result.bare_rollouts += res.bare_rollouts
+            result.continuations += res.continuations
+            result.generated_tokens += res.generated_tokens
+            result.prefix_generated_tokens += res.prefix_generated_tokens
+            result.unspent_prefix_budget += res.unspent_prefix_budget
+            result.events.extend(res.events)
+        result.events.sort(key=lambda e: e[2])
 
         active = result.active
         for tree in active:
@@ -165,63 +293,3 @@ class TreeRolloutEngine:
         clock.seconds["total"] = time.perf_counter() - start
         result.time = dict(clock.seconds)
         return result
-
-    async def _grow_prompt(self, i: int, tree: RolloutTree, task, mi: int, method: Method, step: int,
-                           result: StepResult, clock: Clock) -> None:
-        try:
-            seeds = [derive_seed(self.seed, "rollout", step, i, 0, j) for j in range(mi)]
-            episodes = self.actor.start(tree, task, seeds)
-            snapshots: dict[str, object] = {}
-            result.bare_rollouts += mi
-            # await first, then add: `x += await ...` would read x before the await and lose other prompts' updates
-            tokens = await self._lockstep(tree, episodes, [tree.root_id] * mi, BARE,
-                                          snapshots if method.branches else None)
-            result.generated_tokens += tokens
-            result.events.append(("bare_done", i, time.perf_counter() - self._t0))
-            if not method.branches:
-                return
-            anchors = tree.anchors()
-            budget = mi * self.plan.branch_factor
-            if not anchors:
-                result.unspent_prefix_budget += budget
-                return
-            t0 = time.perf_counter()
-            values = self.predictor.predict([(tree, node.node_id) for node, _ in anchors])
-            clock.add("predictor", time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            for (node, _), val in zip(anchors, values):
-                node.predicted = float(val)
-            q = prefix_flip_prob(np.array([r for _, r in anchors]), values)
-            k = allocate_method_prefixes(method, q, budget, derive_rng(self.seed, "prefixes", step, i))
-            branches, parents = [], []
-            for (node, _), kj in zip(anchors, k):
-                for _ in range(kj):
-                    seed = derive_seed(self.seed, "rollout", step, i, 1, len(branches))
-                    branches.append(self.actor.fork(snapshots[node.node_id], seed))
-                    parents.append(node.node_id)
-            clock.add("allocate", time.perf_counter() - t0)
-            result.events.append(("stage2_start", i, time.perf_counter() - self._t0))
-            result.continuations += len(branches)
-            tokens = await self._lockstep(tree, branches, parents, BRANCH, None)
-            result.generated_tokens += tokens
-            result.prefix_generated_tokens += tokens
-        finally:
-            self.actor.end_prompt()
-
-    async def _lockstep(self, tree: RolloutTree, episodes: list, parents: list[str], origin: str,
-                        snapshots: dict | None) -> int:
-        """Advance `episodes` one turn at a time until all are done, appending each turn under its parent."""
-        generated = 0
-        while True:
-            live = [j for j, ep in enumerate(episodes) if not ep.done]
-            if not live:
-                return generated
-            turns = await self.actor.advance([episodes[j] for j in live])
-            for j, fields in zip(live, turns):
-                ep = episodes[j]
-                generated += len(fields.get("logprobs", ()))
-                node = tree.add_turn(parents[j], origin=origin, terminal=ep.done,
-                                     reward=float(ep.reward) if ep.done else None, **fields)
-                parents[j] = node.node_id
-                if snapshots is not None and not ep.done:
-                    snapshots[node.node_id] = self.actor.fork(ep, 0)  # the state to branch from later

@@ -16,6 +16,7 @@ serves many prompts with one backend call. Two batching policies:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
@@ -35,7 +36,10 @@ class _MicroBatcher:
 
     def __init__(self, backend: PolicyBackend, params: SamplingParams, batching: str):
         self.backend, self.params, self.batching = backend, params, batching
-        self.pending: list[tuple[list[list[int]], list[int], asyncio.Future]] = []
+        self.pending: list[tuple[list[list[int]], list[int], list[str], asyncio.Future]] = []
+        # backends that route rows (vLLM with several engines) take a key per row: the tree id, so a tree's
+        # branches reach the engine whose prefix cache holds its history
+        self.takes_keys = "keys" in inspect.signature(getattr(backend, "agenerate", backend.generate)).parameters
         self.live, self.running, self.clock = 0, False, Clock()
 
     def begin(self, prompts: int, clock: Clock) -> None:
@@ -45,9 +49,9 @@ class _MicroBatcher:
         self.live -= 1
         self._kick()
 
-    async def generate(self, prompts: list[list[int]], seeds: list[int]) -> list[Generation]:
+    async def generate(self, prompts: list[list[int]], seeds: list[int], keys: list[str]) -> list[Generation]:
         fut = asyncio.get_running_loop().create_future()
-        self.pending.append((prompts, seeds, fut))
+        self.pending.append((prompts, seeds, keys, fut))
         self._kick()
         return await fut
 
@@ -60,24 +64,25 @@ class _MicroBatcher:
         asyncio.ensure_future(self._serve(batch))
 
     async def _serve(self, batch) -> None:
-        flat = [p for prompts, _, _ in batch for p in prompts]
-        seeds = [s for _, row_seeds, _ in batch for s in row_seeds]
+        flat = [p for prompts, _, _, _ in batch for p in prompts]
+        seeds = [s for _, row_seeds, _, _ in batch for s in row_seeds]
+        extra = {"keys": [k for _, _, keys, _ in batch for k in keys]} if self.takes_keys else {}
         t0 = time.perf_counter()
         try:
             agenerate = getattr(self.backend, "agenerate", None)
             if agenerate is not None:
-                gens = await agenerate(flat, self.params, seeds=seeds)
+                gens = await agenerate(flat, self.params, seeds=seeds, **extra)
             else:  # a synchronous backend: runs on the loop thread
-                gens = self.backend.generate(flat, self.params, seeds=seeds)
+                gens = self.backend.generate(flat, self.params, seeds=seeds, **extra)
         except Exception as err:  # hand the failure to every waiting prompt instead of hanging them
-            for _, _, fut in batch:
+            for _, _, _, fut in batch:
                 fut.set_exception(err)
             return
         finally:
             self.clock.add("generate", time.perf_counter() - t0)
             self.running = False
         i = 0
-        for prompts, _, fut in batch:
+        for prompts, _, _, fut in batch:
             fut.set_result(gens[i: i + len(prompts)])
             i += len(prompts)
         self._kick()
@@ -102,6 +107,12 @@ class LMActor:
         self.clock = clock
         self.batcher.begin(prompts, clock)
 
+    def __getstate__(self) -> dict:  # shipped to Ray workers: threads and pending futures stay behind
+        state = dict(self.__dict__)
+        state.pop("_executor", None)
+        state["batcher"] = _MicroBatcher(self.backend, self.params, self.batcher.batching)
+        return state
+
     def end_prompt(self) -> None:
         self.batcher.end_prompt()
 
@@ -115,7 +126,7 @@ class LMActor:
         finally:
             self.clock.env_finished()
         for ep, seed in zip(episodes, seeds):
-            ep.seed = seed
+            ep.seed, ep.key = seed, tree.root_id
         tree.root.token_ids = list(episodes[0].token_ids)
         tree.root.loss_mask = [0] * len(episodes[0].token_ids)
         return episodes
@@ -127,7 +138,7 @@ class LMActor:
 
     async def advance(self, episodes: Sequence[Episode]) -> list[dict]:
         seeds = [derive_seed(ep.seed, len(ep.turns)) for ep in episodes]
-        gens = await self.batcher.generate([ep.token_ids for ep in episodes], seeds)
+        gens = await self.batcher.generate([ep.token_ids for ep in episodes], seeds, [ep.key for ep in episodes])
         loop = asyncio.get_running_loop()
         pool = self._pool()
         turns = await asyncio.gather(*(loop.run_in_executor(pool, self._step, ep, gen)

@@ -19,6 +19,8 @@ from .policy import SoftmaxPolicy
 
 
 class TestbedActor:
+    __test__ = False  # not a pytest class, despite the name
+
     def __init__(self, config: TestbedConfig, policy: SoftmaxPolicy):
         self.config, self.policy = config, policy
         self.right = config.right_actions()

@@ -20,7 +20,8 @@ from ..advantages import batch_advantages
 from ..methods import METHODS, BudgetPlan, Method, get_method
 from ..predictors import RewardHistoryPredictor
 from ..predictors.diagnostics import node_records
-from ..rollout.engine import TreeRolloutEngine
+from ..rollout.engine import EXECUTORS, TreeRolloutEngine, make_executor
+from ..rollout.ray_executor import RayConfig
 from ..rollout.records import MetricsWriter, step_record
 from ..seeding import derive_rng
 from ..tree import save_trees, turn_rows
@@ -78,6 +79,8 @@ class SimulateConfig:
     train_tasks: int = 2048  # size of the training prompt set
     eval_tasks: int = 512  # held-out prompts for exact accuracy
     progress: bool = True  # a progress line on stderr
+    executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
+    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
     budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
     predictor: TestbedPredictorConfig = field(default_factory=TestbedPredictorConfig)
     policy: TestbedPolicyConfig = field(default_factory=TestbedPolicyConfig)
@@ -96,6 +99,8 @@ class SimulateConfig:
             raise ValueError(f"save_trees_every must be >= 0, got {self.save_trees_every}")
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.train_tasks < self.budget.pool:
             raise ValueError(f"train_tasks must be >= the candidate pool ({self.budget.pool}), got {self.train_tasks}")
 
@@ -104,7 +109,7 @@ class MethodRun:
     """One method's run: policy, its predictor, the engine and the data order."""
 
     def __init__(self, method: Method, cfg: SimulateConfig, seed: int, train: list[TestbedTask],
-                 evals: list[TestbedTask]):
+                 evals: list[TestbedTask], executor=None):
         self.method, self.cfg, self.seed = method, cfg, seed
         self.env = replace(cfg.env, seed=seed)
         self.train, self.evals = train, evals
@@ -118,7 +123,7 @@ class MethodRun:
         else:
             self.predictor = learned_predictor(self.env, tasks, lr=cfg.predictor.lr, seed=seed)
         self.engine = TreeRolloutEngine(TestbedActor(self.env, self.policy), self.predictor, cfg.budget, seed=seed,
-                                        prefix_share=cfg.predictor.prefix_share)
+                                        prefix_share=cfg.predictor.prefix_share, executor=executor)
 
     def step(self, step: int):
         idx = self.data_rng.choice(len(self.train), size=self.cfg.budget.pool, replace=False)
@@ -155,8 +160,9 @@ def run_simulation(cfg: SimulateConfig, seed: int | None = None, out: Path | Non
         for name in cfg.methods:
             (out / f"trees_{name}.jsonl").unlink(missing_ok=True)  # trees of an earlier run never mix in
     results: dict[str, list[dict]] = {}
+    executor = make_executor(cfg.executor, cfg.ray)
     for mi, name in enumerate(cfg.methods):
-        run = MethodRun(get_method(name), cfg, seed, train, evals)
+        run = MethodRun(get_method(name), cfg, seed, train, evals, executor)
         records = []
         acc = run.policy.accuracy(evals)
         for step in range(cfg.steps):

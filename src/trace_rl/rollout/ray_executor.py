@@ -1,0 +1,108 @@
+"""`executor=ray`: each prompt's tree grows as its own task on a pool of Ray workers.
+
+A prompt's stage 2 starts as soon as its own bare rollouts end, inside its task: there is no barrier across
+prompts. The actor (policy and environment factory) and the predictor are shipped once per step through
+Ray's object store, and the environments are created in the workers. The tree a task returns is the only
+thing counted, so a worker that dies mid-tree has that prompt retried on another worker (a fresh one replaces
+it) and its budget is counted once. Every random draw of a prompt comes from streams named by (seed, step,
+prompt), so the trees equal the local executor's for the same seed (bit for bit on the testbed; an LM backend
+whose fp32 logits depend on the batch shape can, rarely, sample differently: its batches differ here).
+
+Limits: a worker grows one prompt at a time, so an LM backend in a worker sees one prompt's batch; shipping
+the actor each step suits small policies (the testbed, the tiny model) or actors that talk to a served model
+(the OpenAI-compatible backend); a large in-process model belongs on the local executor or behind a server.
+`ray.init()` starts a local cluster on 127.0.0.1 unless `address` names one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from ..methods import BudgetPlan, Method
+from ..predictors.base import Predictor
+from .engine import Actor, Clock, PromptJob, PromptResult, grow_prompt
+
+
+@dataclass
+class RayConfig:
+    """The Ray executor's cluster (used with executor=ray)."""
+
+    address: str = ""  # an existing cluster's address (default: start a local one on 127.0.0.1)
+    workers: int = 2  # worker processes, one prompt tree at a time each
+    max_retries: int = 2  # times a prompt is retried when its worker dies
+
+    def __post_init__(self):
+        if self.workers < 1 or self.max_retries < 0:
+            raise ValueError(f"workers must be >= 1 and max_retries >= 0, got {self.workers}, {self.max_retries}")
+
+
+def _grow_in_worker(actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int,
+                    job: PromptJob) -> tuple[PromptResult, dict]:
+    clock = Clock()
+    actor.begin_step(1, clock)
+    result = asyncio.run(grow_prompt(actor, predictor, plan, method, seed, step, job, clock, time.perf_counter()))
+    return result, clock.seconds
+
+
+class RayExecutor:
+    def __init__(self, config: RayConfig | None = None):
+        import ray
+
+        self.config = config or RayConfig()
+        if not ray.is_initialized():
+            if self.config.address:
+                ray.init(address=self.config.address, log_to_driver=False)
+            else:  # local, loopback only, no dashboard
+                ray.init(num_cpus=self.config.workers, include_dashboard=False, log_to_driver=False,
+                         _node_ip_address="127.0.0.1")
+        self.ray = ray
+        # num_cpus=0: workers are placed however many executors share the cluster (each holds its own pool)
+        self._worker_cls = ray.remote(num_cpus=0, max_restarts=0)(_Worker)
+        self.workers = [self._worker_cls.remote() for _ in range(self.config.workers)]
+        self.retries = 0  # prompts retried after a worker died, over the executor's life
+
+    async def run(self, actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int,
+                  jobs: list[PromptJob], clock: Clock, t0: float) -> list[PromptResult]:
+        ray = self.ray
+        shared = ray.put((actor, predictor, plan, method, seed, step))
+        queue = list(jobs)
+        attempts = {job.index: 0 for job in jobs}
+        running: dict = {}  # object ref -> (worker slot, job)
+        results: list[PromptResult] = []
+
+        def submit(slot: int) -> None:
+            job = queue.pop(0)
+            running[self.workers[slot].grow.remote(shared, job)] = (slot, job)
+
+        for slot in range(min(len(self.workers), len(queue))):
+            submit(slot)
+        while running:
+            ready, _ = await asyncio.to_thread(ray.wait, list(running), num_returns=1)
+            ref = ready[0]
+            slot, job = running.pop(ref)
+            try:
+                result, seconds = ray.get(ref)
+            except ray.exceptions.RayActorError:  # the worker died mid-tree: replace it, retry the prompt
+                attempts[job.index] += 1
+                if attempts[job.index] > self.config.max_retries:
+                    raise RuntimeError(f"prompt {job.index}: its worker died {attempts[job.index]} times") from None
+                self.retries += 1
+                self.workers[slot] = self._worker_cls.remote()
+                queue.insert(0, job)
+            else:
+                results.append(result)
+                for phase in ("generate", "env", "predictor", "allocate"):
+                    clock.add(phase, seconds[phase])
+            if queue:
+                submit(slot)
+        return results
+
+
+class _Worker:
+    """A Ray actor that grows one prompt's tree per call (its environments live here)."""
+
+    def grow(self, shared, job: PromptJob) -> tuple[PromptResult, dict]:
+        actor, predictor, plan, method, seed, step = shared
+        return _grow_in_worker(actor, predictor, plan, method, seed, step, job)
