@@ -3,9 +3,9 @@
 A tree's nodes are laid out in depth-first order in one row; a tree attention mask lets a token attend to the
 tokens of its node's ancestors and to the earlier tokens of its own node, and `position_ids` give each token
 its position along its own root-to-leaf path, so every token sees exactly the context it had when sampled.
-Several trees (or parts of trees) share a row without seeing each other. The logits that predict a node's
-first token come from the last token of its parent, which is not the previous token of the row: targets are
-therefore gathered at explicit positions.
+The logits that predict a node's first token come from the last token of its parent, which is not the
+previous token of the row: targets are therefore gathered at explicit positions. Rows (one tree, or one part
+of a tree, each) are right-padded into micro-batches.
 
 The flat layout (`pack_paths`) is the baseline: one right-padded row per root-to-leaf path through the
 standard causal mask, so a prefix shared by k leaves is encoded k times; each node is still trained once, on
@@ -13,7 +13,8 @@ the first path (depth-first) that contains it.
 
 Trade-offs and limits:
 - The tree mask is a dense (T, T) tensor per row, so memory and attention work grow with the square of the
-  row length; `max_tokens` bounds the row. A dense mask also rules out flash-attention kernels: the model must
+  row length (attention over a tree costs its whole length squared, more than the sum over its paths: the
+  saving is in the per-token work, projections and MLP); `max_tokens` bounds the row. A dense mask also rules out flash-attention kernels: the model must
   use `eager` or `sdpa` attention (checked). Flex attention with a block mask would lift both limits.
 - A tree larger than `max_tokens` is split into parts: a node's children subtrees that do not fit become
   parts of their own, each preceded by a context-only copy of its ancestors (encoded again, not trained). A
@@ -146,28 +147,51 @@ def _targets(entries: list[Entry], offsets: list[int], last: list[int], adv: lis
     return cols, segments
 
 
-def _tree_batch(entries: list[Entry], advantages: list[dict[str, float]]) -> PackedBatch:
+def _tree_row(entries: list[Entry]):
+    """(ids, positions, (L, L) mask, offsets, last token index per entry) of one tree part laid out in a row."""
     offsets, last, pos0, ids = [], [], [], []
     for ti, node, _, parent in entries:
         offsets.append(len(ids))
         pos0.append(pos0[parent] + len(entries[parent][1].token_ids) if parent >= 0 else 0)
         ids.extend(node.token_ids)
         last.append(len(ids) - 1 if node.token_ids else (last[parent] if parent >= 0 else -1))
-    E, T = len(entries), len(ids)
+    E, L = len(entries), len(ids)
     # ancestor-or-self relation between entries; parents precede children, so one pass suffices
     anc = torch.zeros((E, E), dtype=torch.bool)
     for e, (_, _, _, parent) in enumerate(entries):
         if parent >= 0:
             anc[e] = anc[parent]
         anc[e, e] = True
-    lengths = torch.tensor([len(n.token_ids) for _, n, _, _ in entries])
+    lengths = torch.tensor([len(n.token_ids) for _, n, _, _ in entries], dtype=torch.long)
     token_entry = torch.repeat_interleave(torch.arange(E), lengths)
-    within = torch.arange(T) - torch.tensor(offsets, dtype=torch.long)[token_entry]
-    position_ids = torch.tensor(pos0, dtype=torch.long)[token_entry] + within
+    within = torch.arange(L) - torch.tensor(offsets, dtype=torch.long)[token_entry]
+    positions = torch.tensor(pos0, dtype=torch.long)[token_entry] + within
     # ancestors precede in the row, so "ancestor-or-self and not later" is the whole rule
-    mask = anc[token_entry][:, token_entry] & torch.ones((T, T), dtype=torch.bool).tril()
-    cols, segments = _targets(entries, offsets, last, advantages, 0)
-    return _batch(torch.tensor([ids], dtype=torch.long), position_ids[None], mask[None, None], cols, segments, T)
+    mask = anc[token_entry][:, token_entry] & torch.ones((L, L), dtype=torch.bool).tril()
+    return ids, positions, mask, offsets, last
+
+
+def _tree_batch(rows: list[list[Entry]], advantages: list[dict[str, float]]) -> PackedBatch:
+    laid = [_tree_row(r) for r in rows]
+    width = max(len(x[0]) for x in laid)
+    input_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    # a padding token attends to itself only: no query row is fully masked (a softmax over nothing is NaN)
+    mask = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1, 1)
+    cols: dict[str, list] = {k: [] for k in ("rows", "pos", "ids", "old", "adv", "seg")}
+    segments: list[Key] = []
+    for r, (entries, (ids, positions, row_mask, offsets, last)) in enumerate(zip(rows, laid)):
+        n = len(ids)
+        input_ids[r, :n] = torch.tensor(ids, dtype=torch.long)
+        position_ids[r, :n] = positions
+        mask[r, 0, :n, :n] = row_mask
+        row_cols, row_segs = _targets(entries, offsets, last, advantages, r)
+        row_cols["seg"] = [s + len(segments) for s in row_cols["seg"]]
+        for k in cols:
+            cols[k] += row_cols[k]
+        segments += row_segs
+    encoded = sum(len(x[0]) for x in laid)
+    return _batch(input_ids, position_ids, mask, cols, segments, encoded)
 
 
 def _batch(input_ids, position_ids, mask, cols, segments, encoded) -> PackedBatch:
@@ -193,26 +217,30 @@ def _check_args(trees: list[RolloutTree], advantages: list[dict[str, float]], ma
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
 
 
+def _group(rows: list[list[Entry]], max_tokens: int) -> list[list[list[Entry]]]:
+    """Rows sorted by length (longest first, ties in order) and grouped while rows x longest row stays
+    within max_tokens; a longer row is a micro-batch of its own. Sorting keeps padding small."""
+    size = [sum(len(e[1].token_ids) for e in r) for r in rows]
+    groups: list[list[list[Entry]]] = []
+    width = 0
+    for i in sorted(range(len(rows)), key=lambda i: -size[i]):
+        if groups and width * (len(groups[-1]) + 1) <= max_tokens:
+            groups[-1].append(rows[i])  # sorted, so the group's width is its first row's
+        else:
+            groups.append([rows[i]])
+            width = size[i]
+    return groups
+
+
 def pack_trees(
     trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int = 4096
 ) -> list[PackedBatch]:
-    """Tree layout: trees (or parts of trees) packed first-fit, in order, into rows of at most `max_tokens`."""
+    """Tree layout: one tree (or tree part, see the module doc) per row; rows grouped into micro-batches of
+    at most `max_tokens` padded tokens. A row never mixes trees: a dense mask would spend attention work on
+    every masked pair between them."""
     _check_args(trees, advantages, max_tokens)
-    bins: list[list[list[Entry]]] = []
-    fill: list[int] = []
-    for ti, tree in enumerate(trees):
-        for unit in _tree_units(ti, tree, advantages[ti], max_tokens):
-            n = sum(len(e[1].token_ids) for e in unit)
-            slot = next((b for b, used in enumerate(fill) if used + n <= max_tokens), None)
-            if slot is None:
-                bins.append([])
-                fill.append(0)
-                slot = len(bins) - 1
-            # re-index parents to the row's entry list
-            base = sum(len(u) for u in bins[slot])
-            bins[slot].append([(t, node, tr, p + base if p >= 0 else -1) for t, node, tr, p in unit])
-            fill[slot] += n
-    return [_tree_batch([e for unit in units for e in unit], advantages) for units in bins]
+    rows = [unit for ti, tree in enumerate(trees) for unit in _tree_units(ti, tree, advantages[ti], max_tokens)]
+    return [_tree_batch(g, advantages) for g in _group(rows, max_tokens)]
 
 
 def _paths(ti: int, tree: RolloutTree, adv: dict[str, float]) -> list[list[Entry]]:
@@ -242,21 +270,11 @@ def _paths(ti: int, tree: RolloutTree, adv: dict[str, float]) -> list[list[Entry
 def pack_paths(
     trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int = 4096
 ) -> list[PackedBatch]:
-    """Flat layout: one right-padded row per root-to-leaf path, rows grouped in order while rows x longest
-    row stays within `max_tokens` (a longer path is a batch of its own)."""
+    """Flat layout: one right-padded row per root-to-leaf path, grouped into micro-batches of at most
+    `max_tokens` padded tokens (a longer path is a micro-batch of its own)."""
     _check_args(trees, advantages, max_tokens)
     paths = [p for ti, tree in enumerate(trees) for p in _paths(ti, tree, advantages[ti])]
-    groups: list[list[list[Entry]]] = []
-    width = 0
-    for path in paths:
-        n = sum(len(e[1].token_ids) for e in path)
-        if groups and max(width, n) * (len(groups[-1]) + 1) <= max_tokens:
-            groups[-1].append(path)
-            width = max(width, n)
-        else:
-            groups.append([path])
-            width = n
-    return [_flat_batch(g, advantages) for g in groups]
+    return [_flat_batch(g, advantages) for g in _group(paths, max_tokens)]
 
 
 def _flat_batch(paths: list[list[Entry]], advantages: list[dict[str, float]]) -> PackedBatch:
