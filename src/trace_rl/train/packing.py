@@ -1,0 +1,355 @@
+"""Tree-packed forward: each token of a rollout tree is encoded once per update, each turn node trained once.
+
+A tree's nodes are laid out in depth-first order in one row; a tree attention mask lets a token attend to the
+tokens of its node's ancestors and to the earlier tokens of its own node, and `position_ids` give each token
+its position along its own root-to-leaf path, so every token sees exactly the context it had when sampled.
+The logits that predict a node's first token come from the last token of its parent, which is not the
+previous token of the row: targets are therefore gathered at explicit positions. Rows (one tree, or one part
+of a tree, each) are right-padded into micro-batches.
+
+The flat layout (`pack_paths`) is the baseline: one right-padded row per root-to-leaf path through the
+standard causal mask, so a prefix shared by k leaves is encoded k times; each node is still trained once, on
+the first path (depth-first) that contains it.
+
+Trade-offs and limits:
+- The tree mask is a dense (T, T) tensor per row, so memory and attention work grow with the square of the
+  row length (attention over a tree costs its whole length squared, more than the sum over its paths: the
+  saving is in the per-token work, projections and MLP); `max_tokens` bounds the row. A dense mask also rules out flash-attention kernels: the model must
+  use `eager` or `sdpa` attention (checked). Flex attention with a block mask would lift both limits.
+- A tree larger than `max_tokens` is split into parts: a node's children subtrees that do not fit become
+  parts of their own, each preceded by a context-only copy of its ancestors (encoded again, not trained). A
+  single root-to-node context longer than `max_tokens` still forms one (oversized) part: a path cannot be
+  cut without losing context.
+- Subtrees holding no trained node (no advantage, or no policy token) are left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..tree import ROOT, RolloutTree, TurnNode
+
+Key = tuple[int, str]  # (tree index, node id): one segment, the policy tokens of one turn node
+
+
+@dataclass
+class PackedBatch:
+    """One micro-batch: model inputs plus, per policy token, where its logits are and what to train it with."""
+
+    input_ids: torch.Tensor  # (B, T) long; tree layout has B = 1
+    position_ids: torch.Tensor  # (B, T) long: position along the token's own root-to-leaf path
+    attention_mask: torch.Tensor  # tree: (B, 1, T, T) bool, True = may attend; flat: (B, T) padding mask
+    target_rows: torch.Tensor  # (P,) row of each policy token
+    target_positions: torch.Tensor  # (P,) column whose logits predict the policy token
+    target_ids: torch.Tensor  # (P,) the policy token
+    old_logprobs: torch.Tensor  # (P,) float32 sampling log-probs stored in the tree
+    advantages: torch.Tensor  # (P,) float32, the advantage of the token's node
+    segment_ids: torch.Tensor  # (P,) long, index into `segments`
+    segments: list[Key]  # the turn node of each segment id
+    encoded_tokens: int  # non-padding tokens run through the model
+
+    @property
+    def policy_tokens(self) -> int:
+        return int(self.target_ids.numel())
+
+    def by_segment(self, values: torch.Tensor) -> dict[Key, torch.Tensor]:
+        """Split per-token `values` (in target order) into one tensor per turn node."""
+        return {key: values[self.segment_ids == i] for i, key in enumerate(self.segments)}
+
+
+def _check_node(node: TurnNode) -> None:
+    if len(node.token_ids) != len(node.loss_mask):
+        raise ValueError(
+            f"node {node.node_id!r}: {len(node.token_ids)} token_ids but {len(node.loss_mask)} mask entries"
+        )
+    if sum(node.loss_mask) != len(node.logprobs):
+        raise ValueError(
+            f"node {node.node_id!r}: {sum(node.loss_mask)} policy tokens but {len(node.logprobs)} logprobs"
+        )
+
+
+def _needed(tree: RolloutTree, adv: dict[str, float]) -> dict[str, bool]:
+    """Which nodes are trained (in `adv`, with policy tokens) and which are needed (trained, or above one)."""
+    needed: dict[str, bool] = {}
+    for node in sorted(tree.nodes.values(), key=lambda n: -n.depth):
+        _check_node(node)
+        needed[node.node_id] = _is_trained(node, adv) or any(needed[c] for c in node.children)
+    return needed
+
+
+def _is_trained(node: TurnNode, adv: dict[str, float]) -> bool:
+    return node.node_id in adv and node.origin != ROOT and any(node.loss_mask)
+
+
+# An entry of a row layout: (tree index, node, trained here, index of the parent entry or -1).
+Entry = tuple[int, TurnNode, bool, int]
+
+
+def _tree_units(ti: int, tree: RolloutTree, adv: dict[str, float], max_tokens: int) -> list[list[Entry]]:
+    """Split one tree into parts of at most max_tokens tokens (context copies included), depth-first."""
+    needed = _needed(tree, adv)
+    size: dict[str, int] = {}
+    for node in sorted(tree.nodes.values(), key=lambda n: -n.depth):
+        size[node.node_id] = len(node.token_ids) + sum(size[c] for c in node.children if needed[c])
+
+    def subtree(node: TurnNode, parent: int, out: list[Entry]) -> None:
+        out.append((ti, node, _is_trained(node, adv), parent))
+        me = len(out) - 1
+        for c in node.children:
+            if needed[c]:
+                subtree(tree[c], me, out)
+
+    def split(node: TurnNode, context: list[TurnNode]) -> list[list[Entry]]:
+        unit: list[Entry] = [(ti, n, False, i - 1) for i, n in enumerate(context)]
+        used = sum(len(n.token_ids) for n in context)
+        if used + size[node.node_id] <= max_tokens:
+            subtree(node, len(unit) - 1, unit)
+            return [unit]
+        unit.append((ti, node, _is_trained(node, adv), len(unit) - 1))
+        me, used, rest = len(unit) - 1, used + len(node.token_ids), []
+        for c in node.children:
+            if not needed[c]:
+                continue
+            if used + size[c] <= max_tokens:
+                subtree(tree[c], me, unit)
+                used += size[c]
+            else:
+                rest += split(tree[c], context + [node])
+        return ([unit] if any(e[2] for e in unit) else []) + rest
+
+    return split(tree.root, []) if needed[tree.root_id] else []
+
+
+def _targets(entries: list[Entry], offsets: list[int], last: list[int], adv: list[dict[str, float]], row: int):
+    """Per policy token of the trained entries: row, predicting column, token, old log-prob, advantage, segment."""
+    cols: dict[str, list] = {k: [] for k in ("rows", "pos", "ids", "old", "adv", "seg")}
+    segments: list[Key] = []
+    for e, (ti, node, trained, parent) in enumerate(entries):
+        if not trained:
+            continue
+        seg = len(segments)
+        segments.append((ti, node.node_id))
+        lp = iter(node.logprobs)
+        for j, (tok, m) in enumerate(zip(node.token_ids, node.loss_mask)):
+            if not m:
+                continue
+            src = offsets[e] + j - 1 if j else (last[parent] if parent >= 0 else -1)
+            if src < 0:
+                raise ValueError(f"tree {ti}, node {node.node_id!r}: a policy token has no context to predict it from")
+            cols["rows"].append(row)
+            cols["pos"].append(src)
+            cols["ids"].append(tok)
+            cols["old"].append(next(lp))
+            cols["adv"].append(float(adv[ti][node.node_id]))
+            cols["seg"].append(seg)
+    return cols, segments
+
+
+def _tree_row(entries: list[Entry]):
+    """(ids, positions, (L, L) mask, offsets, last token index per entry) of one tree part laid out in a row."""
+    offsets, last, pos0, ids = [], [], [], []
+    for ti, node, _, parent in entries:
+        offsets.append(len(ids))
+        pos0.append(pos0[parent] + len(entries[parent][1].token_ids) if parent >= 0 else 0)
+        ids.extend(node.token_ids)
+        last.append(len(ids) - 1 if node.token_ids else (last[parent] if parent >= 0 else -1))
+    E, L = len(entries), len(ids)
+    # ancestor-or-self relation between entries; parents precede children, so one pass suffices
+    anc = torch.zeros((E, E), dtype=torch.bool)
+    for e, (_, _, _, parent) in enumerate(entries):
+        if parent >= 0:
+            anc[e] = anc[parent]
+        anc[e, e] = True
+    lengths = torch.tensor([len(n.token_ids) for _, n, _, _ in entries], dtype=torch.long)
+    token_entry = torch.repeat_interleave(torch.arange(E), lengths)
+    within = torch.arange(L) - torch.tensor(offsets, dtype=torch.long)[token_entry]
+    positions = torch.tensor(pos0, dtype=torch.long)[token_entry] + within
+    # ancestors precede in the row, so "ancestor-or-self and not later" is the whole rule
+    mask = anc[token_entry][:, token_entry] & torch.ones((L, L), dtype=torch.bool).tril()
+    return ids, positions, mask, offsets, last
+
+
+def _tree_batch(rows: list[list[Entry]], advantages: list[dict[str, float]]) -> PackedBatch:
+    laid = [_tree_row(r) for r in rows]
+    width = max(len(x[0]) for x in laid)
+    input_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    # a padding token attends to itself only: no query row is fully masked (a softmax over nothing is NaN)
+    mask = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1, 1)
+    cols: dict[str, list] = {k: [] for k in ("rows", "pos", "ids", "old", "adv", "seg")}
+    segments: list[Key] = []
+    for r, (entries, (ids, positions, row_mask, offsets, last)) in enumerate(zip(rows, laid)):
+        n = len(ids)
+        input_ids[r, :n] = torch.tensor(ids, dtype=torch.long)
+        position_ids[r, :n] = positions
+        mask[r, 0, :n, :n] = row_mask
+        row_cols, row_segs = _targets(entries, offsets, last, advantages, r)
+        row_cols["seg"] = [s + len(segments) for s in row_cols["seg"]]
+        for k in cols:
+            cols[k] += row_cols[k]
+        segments += row_segs
+    encoded = sum(len(x[0]) for x in laid)
+    return _batch(input_ids, position_ids, mask, cols, segments, encoded)
+
+
+def _batch(input_ids, position_ids, mask, cols, segments, encoded) -> PackedBatch:
+    return PackedBatch(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=mask,
+        target_rows=torch.tensor(cols["rows"], dtype=torch.long),
+        target_positions=torch.tensor(cols["pos"], dtype=torch.long),
+        target_ids=torch.tensor(cols["ids"], dtype=torch.long),
+        old_logprobs=torch.tensor(cols["old"], dtype=torch.float32),
+        advantages=torch.tensor(cols["adv"], dtype=torch.float32),
+        segment_ids=torch.tensor(cols["seg"], dtype=torch.long),
+        segments=segments,
+        encoded_tokens=encoded,
+    )
+
+
+def _check_args(trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int) -> None:
+    if len(trees) != len(advantages):
+        raise ValueError(f"advantages must have one dict per tree, got {len(advantages)} for {len(trees)} trees")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+
+
+def _group(rows: list[list[Entry]], max_tokens: int) -> list[list[list[Entry]]]:
+    """Rows sorted by length (longest first, ties in order) and grouped while rows x longest row stays
+    within max_tokens; a longer row is a micro-batch of its own. Sorting keeps padding small."""
+    size = [sum(len(e[1].token_ids) for e in r) for r in rows]
+    groups: list[list[list[Entry]]] = []
+    width = 0
+    for i in sorted(range(len(rows)), key=lambda i: -size[i]):
+        if groups and width * (len(groups[-1]) + 1) <= max_tokens:
+            groups[-1].append(rows[i])  # sorted, so the group's width is its first row's
+        else:
+            groups.append([rows[i]])
+            width = size[i]
+    return groups
+
+
+def pack_trees(
+    trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int = 4096
+) -> list[PackedBatch]:
+    """Tree layout: one tree (or tree part, see the module doc) per row; rows grouped into micro-batches of
+    at most `max_tokens` padded tokens. A row never mixes trees: a dense mask would spend attention work on
+    every masked pair between them."""
+    _check_args(trees, advantages, max_tokens)
+    rows = [unit for ti, tree in enumerate(trees) for unit in _tree_units(ti, tree, advantages[ti], max_tokens)]
+    return [_tree_batch(g, advantages) for g in _group(rows, max_tokens)]
+
+
+def _paths(ti: int, tree: RolloutTree, adv: dict[str, float]) -> list[list[Entry]]:
+    """Root-to-leaf paths of the needed part of a tree; each trained node trained on its first path."""
+    needed = _needed(tree, adv)
+    seen: set[str] = set()
+    out = []
+
+    def walk(node: TurnNode, path: list[TurnNode]) -> None:
+        path = path + [node]
+        kids = [c for c in node.children if needed[c]]
+        if not kids:
+            entries = []
+            for i, n in enumerate(path):
+                train = _is_trained(n, adv) and n.node_id not in seen
+                seen.add(n.node_id)
+                entries.append((ti, n, train, i - 1))
+            out.append(entries)
+        for c in kids:
+            walk(tree[c], path)
+
+    if needed[tree.root_id]:
+        walk(tree.root, [])
+    return out
+
+
+def pack_paths(
+    trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int = 4096
+) -> list[PackedBatch]:
+    """Flat layout: one right-padded row per root-to-leaf path, grouped into micro-batches of at most
+    `max_tokens` padded tokens (a longer path is a micro-batch of its own)."""
+    _check_args(trees, advantages, max_tokens)
+    paths = [p for ti, tree in enumerate(trees) for p in _paths(ti, tree, advantages[ti])]
+    return [_flat_batch(g, advantages) for g in _group(paths, max_tokens)]
+
+
+def _flat_batch(paths: list[list[Entry]], advantages: list[dict[str, float]]) -> PackedBatch:
+    width = max(sum(len(e[1].token_ids) for e in p) for p in paths)
+    input_ids = torch.zeros((len(paths), width), dtype=torch.long)
+    mask = torch.zeros((len(paths), width), dtype=torch.long)
+    cols: dict[str, list] = {k: [] for k in ("rows", "pos", "ids", "old", "adv", "seg")}
+    segments: list[Key] = []
+    for r, path in enumerate(paths):
+        offsets, last, ids = [], [], []
+        for _, node, _, parent in path:
+            offsets.append(len(ids))
+            ids.extend(node.token_ids)
+            last.append(len(ids) - 1 if node.token_ids else (last[parent] if parent >= 0 else -1))
+        input_ids[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[r, : len(ids)] = 1
+        row_cols, row_segs = _targets(path, offsets, last, advantages, r)
+        row_cols["seg"] = [s + len(segments) for s in row_cols["seg"]]
+        for k in cols:
+            cols[k] += row_cols[k]
+        segments += row_segs
+    positions = torch.arange(width).expand(len(paths), width).clone()
+    return _batch(input_ids, positions, mask, cols, segments, int(mask.sum()))
+
+
+def token_logprobs(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs (float32, with grad) of the batch's policy tokens under `model`, in target order, from the
+    temperature-scaled distribution (match the sampling temperature, or the ratios are off)."""
+    device = next(model.parameters()).device
+    mask = batch.attention_mask.to(device)
+    if mask.dim() == 4:
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl not in ("eager", "sdpa"):
+            raise ValueError(f"tree packing needs eager or sdpa attention (a dense 4-D mask), the model uses {impl!r}")
+        # additive float mask: eager adds it to the scores, sdpa accepts it as is (a bool mask eager would add)
+        dtype = model.dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+    # only the columns that predict a policy token go through the LM head (the vocabulary is the big matrix)
+    keep, col = torch.unique(batch.target_positions, return_inverse=True)
+    out = model(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=mask,
+        position_ids=batch.position_ids.to(device),
+        logits_to_keep=keep.to(device),
+        use_cache=False,
+    )
+    logits = out.logits[batch.target_rows.to(device), col.to(device)].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, -1).gather(-1, batch.target_ids.to(device)[:, None])[:, 0]
+
+
+def flat_token_logprobs(
+    model, trees: list[RolloutTree], advantages: list[dict[str, float]], temperature: float = 1.0
+) -> dict[Key, torch.Tensor]:
+    """Reference: every root-to-leaf path as its own unpadded row through the model's default causal
+    attention; each trained node's policy-token log-probs taken from the first path holding it."""
+    device = next(model.parameters()).device
+    out: dict[Key, torch.Tensor] = {}
+    for ti, tree in enumerate(trees):
+        for leaf in [n for n in tree.nodes.values() if not n.children]:
+            path = tree.path(leaf.node_id)
+            todo = {n.node_id for n in path if _is_trained(n, advantages[ti]) and (ti, n.node_id) not in out}
+            if not todo:
+                continue
+            ids = [t for n in path for t in n.token_ids]
+            logits = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0].float()
+            logp = torch.log_softmax(logits / temperature, -1)
+            start = 0
+            for n in path:
+                if n.node_id in todo:
+                    cols = [start + j - 1 for j, m in enumerate(n.loss_mask) if m]
+                    if cols[0] < 0:
+                        raise ValueError(f"tree {ti}, node {n.node_id!r}: a policy token has no context")
+                    toks = [t for t, m in zip(n.token_ids, n.loss_mask) if m]
+                    out[ti, n.node_id] = logp[cols, toks]
+                start += len(n.token_ids)
+    return out

@@ -1,0 +1,205 @@
+"""One policy update from a step's rollout trees: pack, forward micro-batches, accumulate, clip, step.
+
+Each epoch runs every micro-batch once, accumulates gradients (each micro-batch's loss is its share of the
+step loss, so memory is bounded by `micro_batch_tokens` and the result does not depend on how the step was
+cut) and takes one optimizer step. Epochs beyond the first reuse the same batches: the importance ratio is
+always against the sampling log-probs stored in the trees, so the clip bounds the drift from the sampling
+policy, not from the previous epoch.
+
+The forward runs with dropout off (model.eval()): on-policy the ratio must be exactly 1, which it cannot be
+if the rollout (eval mode) and the update see different networks. Nothing depends on wall-clock time or on
+a random draw, so one model, one set of trees and one config give one update.
+
+Limits: a reference model for the KL term is evaluated once per step (before the first epoch); with LoRA and
+no reference model the reference is the base model with its adapters switched off, which costs no copy.
+A step whose gradient norm is not finite is skipped (reported as such), as verl does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..tree import RolloutTree
+from .losses import AGGREGATIONS, POLICY_LOSSES
+from .packing import PackedBatch, pack_paths, pack_trees, token_logprobs
+
+PACKINGS = ("tree", "flat")
+LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class UpdateConfig:
+    """Policy update from trees (the `update` group)."""
+
+    loss: str = "ppo_clip"  # a name in POLICY_LOSSES: ppo_clip | pg
+    aggregation: str = "seq-mean-token-mean"  # token-mean (DAPO) | seq-mean-token-mean (GRPO; a turn is a sequence)
+    clip_ratio: float = 0.2  # PPO clip: the ratio is kept in (1 - clip_ratio, 1 + clip_ratio_high)
+    clip_ratio_high: float | None = None  # upper clip (DAPO's clip-higher uses 0.28); None: clip_ratio
+    clip_ratio_c: float | None = None  # dual clip bound for negative advantages (> 1, e.g. 3); None: off
+    kl_coef: float = 0.0  # weight of the k3 KL to the reference model in the loss (0: reported only)
+    # 1e-4: the tiny model is warm-started at 1e-3 (train/sft.py) and RL steps are usually an order of
+    # magnitude below the supervised rate; at 1e-5 a 0.8M-parameter model barely moves in a short run.
+    # Use about 1e-6 for 100M+ models (verl's default for Qwen-scale actors).
+    lr: float = 1e-4  # AdamW learning rate
+    weight_decay: float = 0.0  # AdamW decay; 0 because decay pulls a warm-started policy off regardless of reward
+    max_grad_norm: float = 1.0  # clip the global gradient norm (0: no clipping, norm still reported)
+    micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
+    epochs: int = 1  # passes over the step's trees, one optimizer step each
+    packing: str = "tree"  # tree: every tree token encoded once | flat: one row per root-to-leaf path
+    temperature: float = 1.0  # the sampling temperature: log-probs must come from the same distribution
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of all weights (needs peft)
+    lora_alpha: float = 16.0  # LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)
+    lora_targets: tuple[str, ...] = LLAMA_LINEAR  # module names that get adapters
+
+    def __post_init__(self):
+        if self.loss not in POLICY_LOSSES:
+            raise ValueError(f"loss must be one of {sorted(POLICY_LOSSES)}, got {self.loss!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if not 0 < self.clip_ratio < 1:
+            raise ValueError(f"clip_ratio must be in (0, 1), got {self.clip_ratio}")
+        if self.clip_ratio_high is not None and not self.clip_ratio_high > 0:
+            raise ValueError(f"clip_ratio_high must be > 0 or None, got {self.clip_ratio_high}")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
+            raise ValueError(f"clip_ratio_c must be > 1 or None, got {self.clip_ratio_c}")
+        for name in ("kl_coef", "weight_decay", "max_grad_norm"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("lr", "temperature", "lora_alpha"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name, low in (("micro_batch_tokens", 1), ("epochs", 1), ("lora_rank", 0)):
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
+        self.lora_targets = tuple(self.lora_targets)
+        if self.lora_rank and not self.lora_targets:
+            raise ValueError("lora_targets must name at least one module when lora_rank > 0")
+
+
+def _has_lora(model) -> bool:
+    return any(type(m).__module__.startswith("peft.") and hasattr(m, "enable_adapters") for m in model.modules())
+
+
+@contextlib.contextmanager
+def _adapters_disabled(model) -> Iterator[None]:
+    layers = [m for m in model.modules() if type(m).__module__.startswith("peft.") and hasattr(m, "enable_adapters")]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
+
+
+def make_optimizer(model, cfg: UpdateConfig) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters. With lora_rank > 0, LoRA adapters are first injected into `model`
+    in place (peft, imported only then): base weights are frozen and only the adapters are optimised."""
+    if cfg.lora_rank > 0 and not _has_lora(model):
+        try:
+            from peft import LoraConfig, inject_adapter_in_model
+        except ImportError:
+            raise ImportError("lora_rank > 0 needs peft (pip install peft)") from None
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_targets))
+        inject_adapter_in_model(lora, model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _batches(trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: UpdateConfig) -> list[PackedBatch]:
+    packer = pack_trees if cfg.packing == "tree" else pack_paths
+    return packer(trees, advantages, max_tokens=cfg.micro_batch_tokens)
+
+
+def _reference_logprobs(model, ref_model, batches: list[PackedBatch], cfg: UpdateConfig) -> list | None:
+    if ref_model is None and not _has_lora(model):
+        if cfg.kl_coef > 0:
+            raise ValueError("kl_coef > 0 needs a ref_model (or LoRA, whose base model is the reference)")
+        return None
+    context = _adapters_disabled(model) if ref_model is None else contextlib.nullcontext()
+    ref = ref_model if ref_model is not None else model
+    was_training = ref.training
+    ref.eval()
+    with torch.no_grad(), context:
+        out = [token_logprobs(ref, b, cfg.temperature) for b in batches]
+    ref.train(was_training)
+    return out
+
+
+def update_policy(
+    model,
+    optimizer: torch.optim.Optimizer,
+    trees: list[RolloutTree],
+    advantages: list[dict[str, float]],
+    cfg: UpdateConfig,
+    ref_model=None,
+) -> dict[str, float]:
+    """`cfg.epochs` optimizer steps on the trees' policy tokens; returns metrics averaged over the epochs:
+    train/loss, train/pg_loss, train/clip_frac, train/kl (to the reference, 0 without one), train/approx_kl
+    (sampling policy to current), train/grad_norm, train/skipped_steps, and per epoch: train/tokens (distinct
+    tokens of the trees), train/encoded_tokens (tokens run through the model), train/policy_tokens (trained
+    tokens), train/micro_batches."""
+    batches = _batches(trees, advantages, cfg)
+    num_tokens = sum(b.policy_tokens for b in batches)
+    num_segments = sum(len(b.segments) for b in batches)
+    sums = dict.fromkeys(("loss", "pg_loss", "clip_frac", "kl", "approx_kl", "grad_norm", "skipped_steps"), 0.0)
+    counts = {
+        "tokens": float(sum(len(n.token_ids) for t in trees for n in t.nodes.values())),
+        "encoded_tokens": float(sum(b.encoded_tokens for b in batches)),
+        "policy_tokens": float(num_tokens),
+        "micro_batches": float(len(batches)),
+    }
+    if num_tokens == 0:
+        return {f"train/{k}": v for k, v in {**sums, **counts}.items()}
+    loss_fn = POLICY_LOSSES[cfg.loss]
+    clip = {"clip_ratio_low": cfg.clip_ratio, "clip_ratio_high": cfg.clip_ratio_high or cfg.clip_ratio}
+    if cfg.clip_ratio_c is not None:
+        clip["clip_ratio_c"] = cfg.clip_ratio_c
+    device = next(model.parameters()).device
+    ref_lps = _reference_logprobs(model, ref_model, batches, cfg)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(cfg.epochs):
+            optimizer.zero_grad(set_to_none=True)
+            for i, b in enumerate(batches):
+                lp = token_logprobs(model, b, cfg.temperature)
+                out = loss_fn(
+                    lp,
+                    b.old_logprobs.to(device),
+                    b.advantages.to(device),
+                    b.segment_ids.to(device),
+                    aggregation=cfg.aggregation,
+                    ref_logprobs=None if ref_lps is None else ref_lps[i],
+                    kl_coef=cfg.kl_coef,
+                    num_tokens=num_tokens,
+                    num_segments=num_segments,
+                    **clip,
+                )
+                out.loss.backward()
+                share = b.policy_tokens / num_tokens  # token-weighted means across micro-batches
+                sums["loss"] += out.loss.item()
+                sums["pg_loss"] += out.pg_loss.item()
+                for k in ("clip_frac", "kl", "approx_kl"):
+                    sums[k] += getattr(out, k).item() * share
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+            sums["grad_norm"] += float(norm)
+            if math.isfinite(float(norm)):
+                optimizer.step()
+            else:
+                sums["skipped_steps"] += 1
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        model.train(was_training)
+    means = {k: v / cfg.epochs for k, v in sums.items() if k != "skipped_steps"}
+    return {f"train/{k}": v for k, v in {**means, "skipped_steps": sums["skipped_steps"], **counts}.items()}

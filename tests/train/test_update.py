@@ -1,0 +1,130 @@
+import copy
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from test_packing import random_tree
+
+from trace_rl.lm.models import create_tiny_model
+from trace_rl.train.packing import flat_token_logprobs
+from trace_rl.train.update import UpdateConfig, make_optimizer, update_policy
+
+
+def tiny():
+    model, _ = create_tiny_model(hidden=32, layers=2, heads=2)
+    return model.float()
+
+
+def on_policy_trees(model, n=3, seed=0):
+    """Random trees whose stored log-probs are the model's own (so every ratio starts at 1)."""
+    rng = random.Random(seed)
+    trees = [random_tree(i, rng, depth=3) for i in range(n)]
+    every = [{node.node_id: 0.0 for node in t.turns()} for t in trees]
+    with torch.no_grad():
+        for (ti, nid), lp in flat_token_logprobs(model.eval(), trees, every).items():
+            trees[ti][nid].logprobs = lp.tolist()
+    return trees
+
+
+def mean_logprob(model, trees, adv):
+    with torch.no_grad():
+        lps = flat_token_logprobs(model.eval(), trees, adv)
+    return torch.cat(list(lps.values())).mean().item()
+
+
+def test_positive_advantages_raise_the_sampled_tokens_logprobs():
+    model = tiny()
+    trees = on_policy_trees(model)
+    adv = [{node.node_id: 1.0 for node in t.turns()} for t in trees]
+    before = mean_logprob(model, trees, adv)
+    cfg = UpdateConfig(micro_batch_tokens=64)
+    metrics = update_policy(model, make_optimizer(model, cfg), trees, adv, cfg)
+    assert mean_logprob(model, trees, adv) > before + 1e-3
+    assert metrics["train/clip_frac"] == 0.0 and metrics["train/approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["train/loss"] == pytest.approx(-1.0, abs=1e-5)  # -A r with r = 1, A = 1
+    assert metrics["train/policy_tokens"] == sum(len(n.logprobs) for t in trees for n in t.turns())
+    assert metrics["train/encoded_tokens"] >= metrics["train/tokens"]  # parts re-encode their context
+    assert metrics["train/micro_batches"] > 1 and metrics["train/grad_norm"] > 0
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean"])
+def test_tree_and_flat_packing_give_the_same_step(aggregation):
+    base = tiny()
+    trees = on_policy_trees(base)
+    rng = random.Random(2)
+    adv = [{node.node_id: rng.uniform(-1, 1) for node in t.turns()} for t in trees]
+    results = {}
+    for packing, budget in (("tree", 10_000), ("tree", 40), ("flat", 64)):
+        model = copy.deepcopy(base)
+        cfg = UpdateConfig(packing=packing, micro_batch_tokens=budget, aggregation=aggregation, epochs=2)
+        metrics = update_policy(model, make_optimizer(model, cfg), trees, adv, cfg)
+        results[packing, budget] = (dict(model.named_parameters()), metrics)
+    ref_params, ref_metrics = results["tree", 10_000]
+    assert ref_metrics["train/encoded_tokens"] == ref_metrics["train/tokens"]
+    assert results["flat", 64][1]["train/encoded_tokens"] > ref_metrics["train/tokens"]
+    for key, (params, metrics) in results.items():
+        for name, p in params.items():
+            torch.testing.assert_close(p, ref_params[name], atol=1e-5, rtol=1e-5, msg=f"{key} {name}")
+        for k in ("train/loss", "train/clip_frac", "train/grad_norm", "train/policy_tokens"):
+            assert metrics[k] == pytest.approx(ref_metrics[k], abs=1e-5)
+    assert any(not torch.equal(p, base.get_parameter(n)) for n, p in ref_params.items())
+
+
+def test_kl_to_a_reference_model():
+    model = tiny()
+    trees = on_policy_trees(model, n=2)
+    adv = [{node.node_id: 0.0 for node in t.turns()} for t in trees]
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    cfg = UpdateConfig(kl_coef=0.5, aggregation="token-mean")
+    metrics = update_policy(model, make_optimizer(model, cfg), trees, adv, cfg, ref_model=ref)
+    assert metrics["train/kl"] > 0
+    assert metrics["train/loss"] == pytest.approx(0.5 * metrics["train/kl"], rel=1e-5)  # only the KL term
+    with pytest.raises(ValueError, match="kl_coef > 0 needs a ref_model"):
+        update_policy(model, make_optimizer(model, cfg), trees, adv, cfg)
+
+
+def test_lora_trains_adapters_only_with_the_base_as_reference():
+    pytest.importorskip("peft")
+    model = tiny()
+    trees = on_policy_trees(model, n=2)
+    adv = [{node.node_id: 1.0 for node in t.turns()} for t in trees]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = UpdateConfig(lora_rank=2, kl_coef=0.1, lr=1e-2)
+    opt = make_optimizer(model, cfg)
+    first = update_policy(model, opt, trees, adv, cfg)
+    second = update_policy(model, opt, trees, adv, cfg)
+    assert first["train/kl"] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at zero: policy == base
+    assert second["train/kl"] > 0
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            assert p.requires_grad
+        else:
+            assert not p.requires_grad and torch.equal(p, before[name.replace(".base_layer", "")])
+    assert mean_logprob(model, trees, adv) > mean_logprob(tiny(), trees, adv)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"clip_ratio": 2}, "clip_ratio must be in (0, 1), got 2"),
+        ({"loss": "ppo"}, "loss must be one of"),
+        ({"aggregation": "seq-mean"}, "aggregation must be one of"),
+        ({"packing": "paths"}, "packing must be one of"),
+        ({"lr": 0}, "lr must be > 0"),
+        ({"kl_coef": -1}, "kl_coef must be >= 0"),
+        ({"micro_batch_tokens": 0}, "micro_batch_tokens must be >= 1"),
+        ({"epochs": 0}, "epochs must be >= 1"),
+        ({"clip_ratio_c": 1.0}, "clip_ratio_c must be > 1"),
+        ({"lora_rank": -1}, "lora_rank must be >= 0"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        UpdateConfig(**kwargs)
+    assert str(err.value).startswith(message)
