@@ -120,12 +120,8 @@ class EngineConfig:
 
     batching: str = "round"  # round: reproducible batches | eager: no prompt waits for another's tool call
     env_workers: int = 8  # threads that run environment steps off the event loop
-    executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
-    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
 
     def __post_init__(self):
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {self.batching!r}")
         if self.env_workers < 1:
@@ -142,6 +138,8 @@ class RolloutConfig:
     methods: list[str] = field(default_factory=lambda: ["grpo", "pcl", "treepo", "trace_root_only", "trace"])
     save_trees: bool = False  # write every method's trees (token ids, masks, log-probs, rewards) to trees_<m>.jsonl
     progress: bool = True  # a progress line on stderr
+    executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
+    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
     budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
     predictor: LMPredictorConfig = field(default_factory=LMPredictorConfig)
@@ -149,6 +147,8 @@ class RolloutConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ValueError(f"methods: unknown {unknown or 'none given'}; choose from "
@@ -204,7 +204,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
     # took a few % of a tiny-model run's wall-clock and made the overhead figure jumpy).
     gc.freeze()
     results: dict[str, list[dict]] = {}
-    executor = make_executor(cfg.engine.executor, cfg.engine.ray)
+    executor = make_executor(cfg.executor, cfg.ray)
     try:
         for name in cfg.methods:
             method = get_method(name)

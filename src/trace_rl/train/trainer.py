@@ -23,8 +23,9 @@ from pathlib import Path
 from ..advantages import ADVANTAGES, batch_advantages
 from ..methods import METHODS, BudgetPlan, get_method
 from ..rollout.compare import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig, make_predictor
-from ..rollout.engine import TreeRolloutEngine
+from ..rollout.engine import EXECUTORS, TreeRolloutEngine, make_executor
 from ..rollout.lm_actor import LMActor
+from ..rollout.ray_executor import RayConfig
 from ..rollout.records import step_record
 from ..seeding import derive_seed
 from .checkpoint import checkpoints, load_checkpoint, save_checkpoint
@@ -49,6 +50,8 @@ class TrainConfig:
     keep_last: int = 2  # checkpoints kept on disk
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console, jsonl, tensorboard, wandb
     progress: bool = True  # progress bars for rollouts, update and evaluation
+    executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
+    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
     budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
     predictor: LMPredictorConfig = field(default_factory=LMPredictorConfig)
@@ -72,6 +75,11 @@ class TrainConfig:
             raise ValueError(f"logger: unknown {unknown}; choose from {', '.join(SINKS)}")
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.update.temperature != self.policy.temperature:
+            raise ValueError(f"update.temperature ({self.update.temperature}) must equal policy.temperature "
+                             f"({self.policy.temperature}): log-probs must come from the sampling distribution")
 
 
 def ensure_policy(cfg: TrainConfig) -> None:
@@ -153,7 +161,8 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     params = cfg.policy.sampling(spec.max_new_tokens)
     backend = HFBackend(model, tok)
     actor = LMActor(backend, spec.make, params, cfg.engine.batching, cfg.engine.env_workers)
-    engine = TreeRolloutEngine(actor, predictor, cfg.budget, seed=cfg.seed, prefix_share=cfg.predictor.prefix_share)
+    engine = TreeRolloutEngine(actor, predictor, cfg.budget, seed=cfg.seed, prefix_share=cfg.predictor.prefix_share,
+                               executor=make_executor(cfg.executor, cfg.ray))
     held_out = held_out_tasks(cfg, spec)
     pool = cfg.budget.pool
     advantage = cfg.advantage or method.advantage
