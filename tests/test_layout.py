@@ -12,8 +12,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
 CORE = {"tree", "allocation", "advantages", "metrics", "methods", "knapsack", "seeding"}
 # lower ranks first: a module imports only from lower ranks or from its own package
-RANK = {"lm": 1, "backends": 2, "predictors": 3, "envs": 3, "agent": 4, "rollout": 5, "testbed": 6, "train": 6,
-        "integrations": 7, "plots": 7, "viewer": 7, "config": 7, "diagnose": 8, "cli": 9}
+RANK = {"plots": 1, "lm": 1, "backends": 2, "predictors": 3, "envs": 3, "agent": 4, "rollout": 5, "testbed": 6, "train": 6,
+        "integrations": 7, "viewer": 7, "config": 7, "diagnose": 8, "cli": 9}
 
 
 def _unit(path: Path) -> str:
