@@ -10,6 +10,7 @@ from trace_rl.integrations.rows import batch_rows
 from trace_rl.integrations.verl.advantage import (
     flat_trace_advantages,
     leaf_record,
+    merge_tree_advantages,
     rebuild_trees,
     token_advantages,
 )
@@ -64,7 +65,10 @@ def test_prompt_text_reads_the_last_user_message():
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "first"}, {"role": "user", "content": "Q?"}]
     assert prompt_text(msgs) == "Q?"
     assert prompt_text("plain") == "plain"
-    assert prompt_text([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]) == "a b"
+    blocks = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert prompt_text([{"role": "user", "content": blocks}]) == "a b"
+    assert prompt_text(np.array(msgs, dtype=object)) == "Q?"  # how verl's batch holds raw_prompt
+    assert prompt_text(None) == ""
     trees = prompt_trees(["u-1", "u-2"], [msgs, "x"])
     assert [t.root_id for t in trees] == ["u-1", "u-2"] and trees[0].prompt == {"question": "Q?"}
 
@@ -148,3 +152,22 @@ def test_flat_trace_equals_core_trace_on_chains():
     assert np.allclose(flat_trace_advantages(np.array(scores), index), want)
     assert np.allclose(batch_advantages("trace", [tree])[0][tree.leaves()[0].node_id],
                        flat_trace_advantages(np.array(scores), index)[len(scores) - len(tree.leaves())])
+
+
+def test_merge_replaces_tree_rows_and_keeps_flat_and_padding_rows(trees):
+    recs, rewards, lengths = _records(trees[:2])
+    extra = [{"trace": r, "turn_scores": []} for r in recs]
+    # a flat row without a record, and a padding row that copies the first row's fields
+    extra += [{"turn_scores": []}, dict(extra[0])]
+    scores = rewards + [1.0, rewards[0]]
+    lens = lengths + [4, lengths[0]]
+    padding = [False] * len(recs) + [False, True]
+    base = [np.full(n, 9.0) for n in lens]
+    merged, rebuilt = merge_tree_advantages(extra, scores, lens, padding, base)
+    want, _ = token_advantages(recs, rewards, lengths)
+    for got, w in zip(merged, want):
+        assert np.array_equal(got, w)
+    assert np.array_equal(merged[-2], base[-2]) and np.array_equal(merged[-1], base[-1])
+    assert [t.root_id for t in rebuilt] == [t.root_id for t in trees[:2]]
+    same, none = merge_tree_advantages([None, {}], [0.0, 1.0], [2, 2], [False, False], [np.ones(2), np.zeros(2)])
+    assert none == [] and np.array_equal(same[0], np.ones(2))

@@ -127,3 +127,21 @@ def flat_trace_advantages(scores: np.ndarray, index: Sequence, scale: str = "std
         centred = r - r.mean()
         out[members] = centred / (r.std() + EPS) if scale == "std" else centred
     return out
+
+
+def merge_tree_advantages(extra_fields: Sequence[dict | None], scores: Sequence[float], lengths: Sequence[int],
+                          padding: Sequence[bool], base: Sequence[np.ndarray], estimator: str = "trace",
+                          weighting: str = "split", **estimator_kwargs) -> tuple[list[np.ndarray], list[RolloutTree]]:
+    """A verl batch's advantages: rows carrying a tree record get the tree advantages, every other row (flat
+    sessions, and verl's padding rows, which copy a real row's fields including its record) keeps `base`,
+    verl's own estimator's value. Returns per-row arrays and the rebuilt trees."""
+    out = [np.asarray(b, dtype=np.float64).copy() for b in base]
+    picked = [i for i, (ef, pad) in enumerate(zip(extra_fields, padding))
+              if not pad and isinstance(ef, dict) and TRACE_FIELD in ef]
+    if not picked:
+        return out, []
+    advs, trees = token_advantages([extra_fields[i][TRACE_FIELD] for i in picked], [float(scores[i]) for i in picked],
+                                   [int(lengths[i]) for i in picked], estimator, weighting, **estimator_kwargs)
+    for i, adv in zip(picked, advs):
+        out[i] = adv
+    return out, trees

@@ -101,7 +101,8 @@ def prompt_text(raw_prompt) -> str:
     """The question a predictor reads from a verl row's `raw_prompt` (chat messages, or plain text)."""
     if isinstance(raw_prompt, str):
         return raw_prompt
-    users = [m.get("content", "") for m in list(raw_prompt or []) if isinstance(m, dict) and m.get("role") == "user"]
+    messages = [] if raw_prompt is None else list(raw_prompt)  # verl hands a numpy object array: no truth value
+    users = [m.get("content", "") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     content = users[-1] if users else ""
     if isinstance(content, list):  # typed content blocks
         content = " ".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
