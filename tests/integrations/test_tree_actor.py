@@ -97,5 +97,5 @@ def test_predictor_weights_travel_as_bytes(name):
     load_bytes(dst, to_bytes(src))
     assert np.allclose(dst.predict(prefixes), src.predict(prefixes))
     assert shared_predictor(name, 9) is shared_predictor(name, 9)
-    with pytest.raises(ValueError, match="unknown trace.predictor"):
+    with pytest.raises(ValueError, match="unknown trace_rl.predictor"):
         build_predictor("oracle")

@@ -11,6 +11,7 @@ predictor steps on verl's nested tensors, and verl's plugin loader on our entry 
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -53,7 +54,7 @@ CONFIG = {"actor_rollout_ref": {"rollout": {
     "multi_turn": {"max_user_turns": 6, "max_assistant_turns": 6, "max_parallel_calls": 1,
                    "max_tool_response_length": 256, "tool_response_truncate_side": "middle", "format": "hermes"}}},
     "data": {"apply_chat_template_kwargs": {}, "mm_processor_kwargs": {}},
-    "trace": {"method": "trace", "branch_factor": 1, "max_per_prompt": 8}}
+    "trace_rl": {"method": "trace", "branch_factor": 1, "max_per_prompt": 8}}
 
 
 class FakeServer:
@@ -132,7 +133,7 @@ class Recorder:
 def _worker(monkeypatch, server, recorder):
     w = object.__new__(worker_mod._TraceAgentLoopWorker)
     w.config = OmegaConf.create(CONFIG)
-    w.trace = TraceSettings.from_config(w.config.trace)
+    w.trace = TraceSettings.from_config(w.config.trace_rl)
     w.predictor = build_predictor("light_text")
     w.llm_client, w.tokenizer, w.processor, w.hf_model_type, w.dataset_cls = server, TOK, None, None, None
     w.tools = [CALC]
@@ -315,3 +316,38 @@ def test_verl_loads_the_plugin_from_its_entry_point(tmp_path):
     on, off = start("trace"), start("none")
     assert result(on) == [True, True, True, True]
     assert result(off) == [False, False, False, False]  # the same check fails without the plugin
+
+
+def test_the_launch_script_overrides_compose_against_verls_config():
+    """Every override of examples/verl/run_trace_qwen3.sh names a key of verl 0.9.1's trainer config (or adds
+    the trace_rl block), and what it names (trainer mode, manager class, agent loop) resolves."""
+    from hydra import compose, initialize_config_module
+    from verl.utils.import_utils import load_class_from_fqn
+
+    import trace_rl.integrations.verl.plugin  # noqa: F401  (what the entry point loads)
+    from trace_rl.integrations.verl.budgets import CONFIG_KEY, TraceSettings
+
+    script = (SRC.parent / "examples" / "verl" / "run_trace_qwen3.sh").read_text()
+    body = script.split("python -m verl.trainer.main_ppo \\\n", 1)[1].split('"$@"')[0]
+    subst = {"$TRAIN_FILES": "train.parquet", "$VAL_FILES": "val.parquet", "$MODEL": "Qwen/Qwen3-4B",
+             "$HERE": "/x", '"': ""}
+    overrides = []
+    for line in body.splitlines():
+        line = re.sub(r"\$\(basename [^)]*\)", "Qwen3-4B", line.strip().rstrip("\\").strip())
+        for k, v in subst.items():
+            line = line.replace(k, v)
+        if line:
+            overrides.append(line.replace("'", ""))
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    assert get_trainer_cls(cfg.trainer.v1.trainer_mode) is trainer_mod.TraceTrainer
+    manager_fqn = cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    assert load_class_from_fqn(manager_fqn, "AgentLoopManager") is manager_mod.TraceAgentLoopManager
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop in _agent_loop_registry
+    settings = TraceSettings.from_config(cfg[CONFIG_KEY])
+    assert (cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n) % (1 + settings.branch_factor) == 0
+    assert settings.max_per_prompt >= cfg.actor_rollout_ref.rollout.n
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == "token-mean"

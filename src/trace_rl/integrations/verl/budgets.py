@@ -23,12 +23,13 @@ from ...methods import BudgetPlan, Method, allocate_method_roots, get_method
 from ...seeding import derive_seed
 from ...tree import RolloutTree
 
+CONFIG_KEY = "trace_rl"  # top-level block of the verl config (`+trace_rl.method=...`); verl has no such key
 ROLLOUT_N_KEY = "__rollout_n__"  # read (and popped) per prompt by verl 0.9.1's AgentLoopWorkerTQ._run_prompt
 
 
 @dataclass(frozen=True)
 class TraceSettings:
-    """The `trace` block of a verl config (`+trace.method=trace +trace.branch_factor=1 ...`)."""
+    """The `trace_rl` block of a verl config (`+trace_rl.method=trace +trace_rl.branch_factor=1 ...`)."""
 
     method: str = "trace"
     branch_factor: int = 1  # N: continuations per bare rollout for tree methods
@@ -42,9 +43,9 @@ class TraceSettings:
     def __post_init__(self):
         get_method(self.method)  # raises on an unknown name, listing the known ones
         if self.branch_factor < 0:
-            raise ValueError(f"trace.branch_factor must be >= 0, got {self.branch_factor}")
+            raise ValueError(f"trace_rl.branch_factor must be >= 0, got {self.branch_factor}")
         if self.max_per_prompt < 2:
-            raise ValueError(f"trace.max_per_prompt must be >= 2, got {self.max_per_prompt}")
+            raise ValueError(f"trace_rl.max_per_prompt must be >= 2, got {self.max_per_prompt}")
 
     @classmethod
     def from_config(cls, block) -> "TraceSettings":
@@ -87,13 +88,13 @@ def root_counts(values: Sequence[float], n: int, settings: TraceSettings, step: 
     method = settings.method_spec
     total = plan.total
     if method.branches and total % (1 + plan.branch_factor):
-        raise ValueError(f"batch size x rollout.n = {total} does not divide by 1 + trace.branch_factor = "
+        raise ValueError(f"batch size x rollout.n = {total} does not divide by 1 + trace_rl.branch_factor = "
                          f"{1 + plan.branch_factor}: the step could not fill verl's mini-batches exactly")
     counts = allocate_method_roots(method, v, plan, seed=derive_seed(settings.seed, "roots", step))
     got = expected_rows(counts, settings)
     if got != total:
         raise ValueError(f"{settings.method} allocated {got} rollouts for a budget of {total} (batch {batch} x n {n}); "
-                         f"raise trace.max_per_prompt (now {settings.max_per_prompt}) to at least rollout.n")
+                         f"raise trace_rl.max_per_prompt (now {settings.max_per_prompt}) to at least rollout.n")
     return counts
 
 

@@ -1,6 +1,6 @@
 """verl's V1 agent-loop manager with TRACE's stage 1: score the batch, allocate roots, hand out the predictor.
 
-Selected with `actor_rollout_ref.rollout.agent.agent_loop_manager_class=
+Selected with `+actor_rollout_ref.rollout.agent.agent_loop_manager_class=
 trace_rl.integrations.verl.manager.TraceAgentLoopManager`. For each training batch it scores every prompt with
 the shared predictor, runs the method's root allocator (`budgets.root_counts`: the batch is the pool, the
 total stays batch size x rollout.n), writes each row's count to `__rollout_n__` (which verl 0.9.1's worker
@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDict
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 
-from .budgets import ROLLOUT_N_KEY, TraceSettings, prompt_trees, root_counts
+from .budgets import CONFIG_KEY, ROLLOUT_N_KEY, TraceSettings, prompt_trees, root_counts
 from .predictor_state import shared_predictor, to_bytes
 from .worker import VALUE_KEY, TraceAgentLoopWorker
 
@@ -40,7 +40,7 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.agent_loop_workers_class = TraceAgentLoopWorker  # AgentLoopManagerTQ set verl's; the trees need ours
-        self.trace = TraceSettings.from_config(self.config.get("trace", None))
+        self.trace = TraceSettings.from_config(self.config.get(CONFIG_KEY, None))
         self.predictor = shared_predictor(self.trace.predictor, self.trace.seed)  # the trainer updates this one
 
     def allocate(self, prompts: TensorDict) -> np.ndarray:

@@ -29,8 +29,9 @@ def compute_trace_flat_advantage(token_level_rewards: torch.Tensor, response_mas
     population std. Trees need `trainer.v1.trainer_mode=trace`, which reads the tree metadata."""
     scores = token_level_rewards.sum(dim=-1).detach().cpu().numpy()
     index = np.arange(len(scores)) if index is None else index
-    trace_cfg = (config.get("trace", None) if hasattr(config, "get") else None) or {}
-    adv = flat_trace_advantages(scores, index, scale=trace_cfg.get("scale", "std"))
+    # verl's own switch for Dr.GRPO-style unscaled advantages applies here too
+    scaled = config.get("norm_adv_by_std_in_grpo", True) if hasattr(config, "get") else True
+    adv = flat_trace_advantages(scores, index, scale="std" if scaled else "none")
     adv = torch.as_tensor(adv, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
     adv = adv.unsqueeze(-1) * response_mask
     return adv, adv

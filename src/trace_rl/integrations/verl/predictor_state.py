@@ -25,7 +25,7 @@ def build_predictor(name: str, seed: int = 0) -> Predictor:
         return light_text_predictor(seed=seed)
     if name == "history":
         return RewardHistoryPredictor()
-    raise ValueError(f"unknown trace.predictor {name!r}; choose from {', '.join(PREDICTORS)}")
+    raise ValueError(f"unknown trace_rl.predictor {name!r}; choose from {', '.join(PREDICTORS)}")
 
 
 def shared_predictor(name: str, seed: int = 0) -> Predictor:

@@ -26,7 +26,7 @@ from verl.workers.utils.padding import response_to_nested
 from ...predictors.base import training_examples
 from ...seeding import derive_rng
 from .advantage import merge_tree_advantages
-from .budgets import TraceSettings
+from .budgets import CONFIG_KEY, TraceSettings
 from .predictor_state import shared_predictor
 
 TRAINER_NAME = "trace"
@@ -43,7 +43,7 @@ class TraceTrainer(PPOTrainerSync):
         if config.algorithm.use_kl_in_reward:
             raise ValueError("trainer_mode=trace reads one reward per leaf; set algorithm.use_kl_in_reward=False "
                              "(KL as a loss term, actor.use_kl_loss, is fine)")
-        self.trace = TraceSettings.from_config(config.get("trace", None))
+        self.trace = TraceSettings.from_config(config.get(CONFIG_KEY, None))
         self.predictor = shared_predictor(self.trace.predictor, self.trace.seed)  # the manager's object
         self._step_trees: list = []
 

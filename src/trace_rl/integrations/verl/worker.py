@@ -25,7 +25,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
 from ...seeding import derive_seed
 from .advantage import TRACE_FIELD, leaf_record
-from .budgets import ROLLOUT_N_KEY, TraceSettings, prompt_text
+from .budgets import CONFIG_KEY, ROLLOUT_N_KEY, TraceSettings, prompt_text
 from .loop import TraceToolAgentLoop
 from .predictor_state import build_predictor, load_bytes
 from .tree_actor import grow_prompt_tree
@@ -37,7 +37,7 @@ VALUE_KEY = "__trace_value__"  # V~ of the prompt from the manager (logged on th
 class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.trace = TraceSettings.from_config(self.config.get("trace", None))
+        self.trace = TraceSettings.from_config(self.config.get(CONFIG_KEY, None))
         self.predictor = build_predictor(self.trace.predictor, self.trace.seed)
 
     def set_trace_predictor(self, blob: bytes | None) -> None:
