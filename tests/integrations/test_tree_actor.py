@@ -34,8 +34,13 @@ class ScriptedSession:
         if self.turns == 3:
             self.done, self.reward = True, 0.0 if self.failed else 1.0
             self.output = list(self.history)
-        return {"token_ids": policy + obs, "loss_mask": [1, 1] + [0] * len(obs), "logprobs": [-0.5, -0.5],
-                "action": f"t{self.turns}", "observation": "ok" if obs else ""}
+        return {
+            "token_ids": policy + obs,
+            "loss_mask": [1, 1] + [0] * len(obs),
+            "logprobs": [-0.5, -0.5],
+            "action": f"t{self.turns}",
+            "observation": "ok" if obs else "",
+        }
 
     def fork(self):
         twin = copy.copy(self)
@@ -52,8 +57,11 @@ def _opener():
 @pytest.mark.parametrize("roots,branch", [(4, 1), (3, 2), (2, 0)])
 def test_one_prompt_grows_roots_plus_continuations_and_every_leaf_is_a_finished_session(roots, branch):
     method = get_method("trace" if branch else "pcl")
-    tree, leaves, result = asyncio.run(grow_prompt_tree("u-1", {"question": "q"}, roots, _opener(),
-                                                        build_predictor("light_text"), method, branch, seed=3, step=0))
+    tree, leaves, result = asyncio.run(
+        grow_prompt_tree(
+            "u-1", {"question": "q"}, roots, _opener(), build_predictor("light_text"), method, branch, seed=3, step=0
+        )
+    )
     assert tree.root_id == "u-1" and result.bare_rollouts == roots
     assert result.continuations + result.unspent_prefix_budget == roots * (branch if method.branches else 0)
     assert len(leaves) == len(tree.leaves()) == roots + result.continuations
@@ -85,8 +93,19 @@ def test_single_prompt_plan_spends_exactly_the_given_roots():
 def test_predictor_weights_travel_as_bytes(name):
     trees = []
     for i in range(6):
-        tree, _, _ = asyncio.run(grow_prompt_tree(f"u{i}", {"question": f"q {i} {'7' * i}"}, 4, _opener(),
-                                                  build_predictor(name), get_method("trace"), 1, seed=i, step=0))
+        tree, _, _ = asyncio.run(
+            grow_prompt_tree(
+                f"u{i}",
+                {"question": f"q {i} {'7' * i}"},
+                4,
+                _opener(),
+                build_predictor(name),
+                get_method("trace"),
+                1,
+                seed=i,
+                step=0,
+            )
+        )
         trees.append(tree)
     src = build_predictor(name, seed=1)
     examples, targets = training_examples(trees, 0.5, np.random.default_rng(0))

@@ -26,15 +26,42 @@ from trace_rl.lm.models import create_tiny_model  # noqa: E402
 def _setup(tmp_path, trainer_cls=TraceGRPOTrainer):
     model, tok = create_tiny_model(tokenizer="byte", hidden=32, layers=2, heads=2)
     backend = ScriptedBackend(tok, lambda text, i: scripted_calc(text, i, wrong_every=3))
-    fn = TraceRolloutFunc(CalculatorEnv, backend=backend, task_from_prompt=json.loads, method="trace",
-                          params=SamplingParams(max_new_tokens=48))
+    fn = TraceRolloutFunc(
+        CalculatorEnv,
+        backend=backend,
+        task_from_prompt=json.loads,
+        method="trace",
+        params=SamplingParams(max_new_tokens=48),
+    )
     data = Dataset.from_dict({"prompt": [json.dumps(t) for t in make_tasks(8, seed=2, steps=(2, 3))]})
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_steps=1,
-                      learning_rate=1e-3, loss_type="dapo", beta=0.0, use_cpu=True, report_to=[],
-                      logging_steps=1, save_strategy="no", bf16=False, max_completion_length=512,
-                      disable_tqdm=True)
-    return trainer_cls(model=model, reward_funcs=[tree_reward], args=args, train_dataset=data, processing_class=tok,
-                       rollout_func=fn), fn, model
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_steps=1,
+        learning_rate=1e-3,
+        loss_type="dapo",
+        beta=0.0,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        bf16=False,
+        max_completion_length=512,
+        disable_tqdm=True,
+    )
+    return (
+        trainer_cls(
+            model=model,
+            reward_funcs=[tree_reward],
+            args=args,
+            train_dataset=data,
+            processing_class=tok,
+            rollout_func=fn,
+        ),
+        fn,
+        model,
+    )
 
 
 def test_one_step_trains_on_the_tree_advantages(tmp_path):

@@ -20,15 +20,26 @@ from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
 
 def stand_in(g: int = 4, accepts: bool = True):
     """What the rollout function reads from GRPOTrainer: group size, mode, step, and the subclass marker."""
-    return SimpleNamespace(num_generations=g, num_generations_eval=1, model=SimpleNamespace(training=True),
-                           state=SimpleNamespace(global_step=0), accepts_token_advantages=accepts)
+    return SimpleNamespace(
+        num_generations=g,
+        num_generations_eval=1,
+        model=SimpleNamespace(training=True),
+        state=SimpleNamespace(global_step=0),
+        accepts_token_advantages=accepts,
+    )
 
 
 def rollout_func(method="trace", **kw):
     tok = byte_tokenizer()
     backend = ScriptedBackend(tok, lambda text, i: scripted_calc(text, i, wrong_every=3))
-    return TraceRolloutFunc(CalculatorEnv, backend=backend, task_from_prompt=json.loads, method=method,
-                            params=SamplingParams(max_new_tokens=64), **kw)
+    return TraceRolloutFunc(
+        CalculatorEnv,
+        backend=backend,
+        task_from_prompt=json.loads,
+        method=method,
+        params=SamplingParams(max_new_tokens=64),
+        **kw,
+    )
 
 
 def prompts(count: int, g: int) -> list[str]:

@@ -44,17 +44,47 @@ from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TOK = byte_tokenizer()
-CALC = FunctionTool(name="calc", fn=lambda expression: str(eval(expression, {})), tool_schema=(
-    OpenAIFunctionToolSchema.model_validate({"type": "function", "function": {
-        "name": "calc", "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description": "e"}},
-                       "required": ["expression"]}}})))
-CONFIG = {"actor_rollout_ref": {"rollout": {
-    "n": 4, "prompt_length": 512, "response_length": 1024, "full_determinism": False, "name": "vllm",
-    "multi_turn": {"max_user_turns": 6, "max_assistant_turns": 6, "max_parallel_calls": 1,
-                   "max_tool_response_length": 256, "tool_response_truncate_side": "middle", "format": "hermes"}}},
+CALC = FunctionTool(
+    name="calc",
+    fn=lambda expression: str(eval(expression, {})),
+    tool_schema=(
+        OpenAIFunctionToolSchema.model_validate(
+            {
+                "type": "function",
+                "function": {
+                    "name": "calc",
+                    "description": "Evaluate an arithmetic expression.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"expression": {"type": "string", "description": "e"}},
+                        "required": ["expression"],
+                    },
+                },
+            }
+        )
+    ),
+)
+CONFIG = {
+    "actor_rollout_ref": {
+        "rollout": {
+            "n": 4,
+            "prompt_length": 512,
+            "response_length": 1024,
+            "full_determinism": False,
+            "name": "vllm",
+            "multi_turn": {
+                "max_user_turns": 6,
+                "max_assistant_turns": 6,
+                "max_parallel_calls": 1,
+                "max_tool_response_length": 256,
+                "tool_response_truncate_side": "middle",
+                "format": "hermes",
+            },
+        }
+    },
     "data": {"apply_chat_template_kwargs": {}, "mm_processor_kwargs": {}},
-    "trace_rl": {"method": "trace", "branch_factor": 1, "max_per_prompt": 8}}
+    "trace_rl": {"method": "trace", "branch_factor": 1, "max_per_prompt": 8},
+}
 
 
 class FakeServer:
@@ -77,9 +107,16 @@ class FakeServer:
 
 def _loop(server) -> TraceToolAgentLoop:
     cfg = OmegaConf.create(CONFIG)
-    return TraceToolAgentLoop(trainer_config=DictConfigWrap(cfg), server_manager=server, tokenizer=TOK, processor=None,
-                              dataset_cls=None, data_config=DictConfigWrap(cfg.data), hf_model_type=None,
-                              tools=ToolListWrap([CALC]))
+    return TraceToolAgentLoop(
+        trainer_config=DictConfigWrap(cfg),
+        server_manager=server,
+        tokenizer=TOK,
+        processor=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(cfg.data),
+        hf_model_type=None,
+        tools=ToolListWrap([CALC]),
+    )
 
 
 def _reward(output) -> float:
@@ -152,8 +189,14 @@ def _worker(monkeypatch, server, recorder):
 def test_worker_grows_a_tree_per_prompt_and_puts_every_leaf_as_a_session(monkeypatch):
     server, rec = FakeServer(seed=2), Recorder()
     w = _worker(monkeypatch, server, rec)
-    prompt = {"uid": "u-7", "agent_name": "trace_tool_agent", "raw_prompt": [{"role": "user", "content": "2+3?"}],
-              "__rollout_n__": torch.tensor(4), "__trace_value__": torch.tensor(0.5), "data_source": "toy"}
+    prompt = {
+        "uid": "u-7",
+        "agent_name": "trace_tool_agent",
+        "raw_prompt": [{"role": "user", "content": "2+3?"}],
+        "__rollout_n__": torch.tensor(4),
+        "__trace_value__": torch.tensor(0.5),
+        "data_source": "toy",
+    }
     trajectory = {"step": 3, "sample_index": 0, "rollout_n": 0, "validate": False}
     asyncio.run(w._run_prompt(dict(prompt), {"temperature": 1.0}, trajectory))
     assert rec.tags == [("u-7", "train", "running"), ("u-7", "train", "finished")]
@@ -168,8 +211,9 @@ def test_worker_grows_a_tree_per_prompt_and_puts_every_leaf_as_a_session(monkeyp
         assert sum(t["policy"] for t in rec_["turns"]) == sum(out.response_mask)
         assert out.reward_score == _reward(out) and rec_["root_predicted"] == 0.5
     assert any(t["origin"] == "branch" for r in records for t in r["turns"])
-    advs, trees = token_advantages(records, [o.reward_score for o, _ in rec.outputs],
-                                   [len(o.response_ids) for o, _ in rec.outputs])
+    advs, trees = token_advantages(
+        records, [o.reward_score for o, _ in rec.outputs], [len(o.response_ids) for o, _ in rec.outputs]
+    )
     assert len(trees) == 1 and len(trees[0].leaves()) == len(records) and all(len(a) for a in advs)
 
 
@@ -181,8 +225,12 @@ def test_worker_reports_failure_and_leaves_validation_to_verl(monkeypatch):
         outputs[-1].reward_score = None  # a colocated reward model scores after sampling: too late for a tree
 
     w._compute_score = no_reward
-    prompt = {"uid": "u-8", "agent_name": "trace_tool_agent", "raw_prompt": [{"role": "user", "content": "2+3?"}],
-              "__rollout_n__": torch.tensor(2)}
+    prompt = {
+        "uid": "u-8",
+        "agent_name": "trace_tool_agent",
+        "raw_prompt": [{"role": "user", "content": "2+3?"}],
+        "__rollout_n__": torch.tensor(2),
+    }
     asyncio.run(w._run_prompt(dict(prompt), {}, {"step": 1, "validate": False}))
     assert rec.tags[-1] == ("u-8", "train", "failure") and not rec.outputs
     seen = []
@@ -202,9 +250,12 @@ def test_manager_writes_root_counts_that_keep_batch_times_n():
     m.predictor = build_predictor("light_text")
     m.rollout_config = OmegaConf.create({"n": 4})
     questions = ["2+3?", "1234*5678-91011?", "7?", "(12+34)*(56-7)?", "9-9?", "100/4?"]
-    batch = tu.get_tensordict({"uid": np.array([f"u{i}" for i in range(6)], dtype=object),
-                               "raw_prompt": np.array([[{"role": "user", "content": q}] for q in questions],
-                                                      dtype=object)})
+    batch = tu.get_tensordict(
+        {
+            "uid": np.array([f"u{i}" for i in range(6)], dtype=object),
+            "raw_prompt": np.array([[{"role": "user", "content": q}] for q in questions], dtype=object),
+        }
+    )
     tu.assign_non_tensor_data(batch, "global_steps", 2)
     counts = m.allocate(batch)
     assert batch["__rollout_n__"].tolist() == counts.tolist()
@@ -223,8 +274,12 @@ def _store(trees):
             rm = torch.zeros(len(mask))
             rm[-1] = leaf.reward
             key = f"{tree.root_id}_{i}_0"
-            store[key] = {"response_mask": torch.tensor(mask), "rm_scores": rm, "advantages": torch.full((len(mask),), 7.0),
-                          "extra_fields": json.loads(json.dumps({"trace": leaf_record(tree, leaf.node_id)}))}
+            store[key] = {
+                "response_mask": torch.tensor(mask),
+                "rm_scores": rm,
+                "advantages": torch.full((len(mask),), 7.0),
+                "extra_fields": json.loads(json.dumps({"trace": leaf_record(tree, leaf.node_id)})),
+            }
             keys.append(key)
             tags.append({"status": "success"})
     pad = f"pad0_{0}_0"
@@ -281,8 +336,9 @@ def test_flat_estimator_is_registered_and_matches_core_trace():
     mask = torch.ones(6, 4)
     mask[1, 2:] = 0
     index = np.array(["a", "a", "a", "b", "b", "b"], dtype=object)
-    adv, ret = get_adv_estimator_fn("trace")(token_level_rewards=rewards, response_mask=mask, index=index,
-                                             config=OmegaConf.create({}))
+    adv, ret = get_adv_estimator_fn("trace")(
+        token_level_rewards=rewards, response_mask=mask, index=index, config=OmegaConf.create({})
+    )
     want = flat_trace_advantages(rewards.sum(-1).numpy(), index)
     assert torch.allclose(adv, torch.as_tensor(want, dtype=torch.float32).unsqueeze(-1) * mask)
     assert torch.equal(adv, ret)
@@ -298,15 +354,20 @@ def test_verl_loads_the_plugin_from_its_entry_point(tmp_path):
         from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
         from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
         from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+        plugin = "trace_rl.integrations.verl.plugin" in sys.modules
         print(json.dumps(["trace" in TRAINER_REGISTRY, "trace" in ADV_ESTIMATOR_REGISTRY,
-                          "trace_tool_agent" in _agent_loop_registry, "trace_rl.integrations.verl.plugin" in sys.modules]))
+                          "trace_tool_agent" in _agent_loop_registry, plugin]))
     """)
 
     def start(policy):  # both at once: each is a cold `import verl`, several seconds on a CPU
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC)]),
-               "VERL_USE_EXTERNAL_PLUGINS": policy}
-        return subprocess.Popen([sys.executable, "-c", check], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC)]),
+            "VERL_USE_EXTERNAL_PLUGINS": policy,
+        }
+        return subprocess.Popen(
+            [sys.executable, "-c", check], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     def result(proc):
         out, err = proc.communicate(timeout=180)
@@ -329,8 +390,13 @@ def test_the_launch_script_overrides_compose_against_verls_config():
 
     script = (SRC.parent / "examples" / "verl" / "run_trace_qwen3.sh").read_text()
     body = script.split("python -m verl.trainer.main_ppo \\\n", 1)[1].split('"$@"')[0]
-    subst = {"$TRAIN_FILES": "train.parquet", "$VAL_FILES": "val.parquet", "$MODEL": "Qwen/Qwen3-4B",
-             "$HERE": "/x", '"': ""}
+    subst = {
+        "$TRAIN_FILES": "train.parquet",
+        "$VAL_FILES": "val.parquet",
+        "$MODEL": "Qwen/Qwen3-4B",
+        "$HERE": "/x",
+        '"': "",
+    }
     overrides = []
     for line in body.splitlines():
         line = re.sub(r"\$\(basename [^)]*\)", "Qwen3-4B", line.strip().rstrip("\\").strip())
@@ -340,8 +406,8 @@ def test_the_launch_script_overrides_compose_against_verls_config():
             overrides.append(line.replace("'", ""))
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
-    from verl.trainer.ppo.v1 import get_trainer_cls
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.trainer.ppo.v1 import get_trainer_cls
 
     assert get_trainer_cls(cfg.trainer.v1.trainer_mode) is trainer_mod.TraceTrainer
     manager_fqn = cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class

@@ -101,8 +101,9 @@ def test_rebuilt_trees_have_the_shape_targets_and_text_of_the_originals(trees):
             assert node.target == pytest.approx(o.target) if o.target is not None else node.target is None
             if node.origin != "root":  # the prompt's tokens are verl's `prompts`, not part of the record
                 assert len(node.token_ids) == len(o.token_ids) and node.action == o.action
-    assert [rebuilt[i].root_id + ":" + leaf for i, leaf in where] == [recs[i]["tree"] + ":" + recs[i]["leaf"]
-                                                                       for i in order]
+    assert [rebuilt[i].root_id + ":" + leaf for i, leaf in where] == [
+        recs[i]["tree"] + ":" + recs[i]["leaf"] for i in order
+    ]
 
 
 @pytest.mark.parametrize("estimator", ["trace", "tree_grpo", "treepo"])
@@ -121,7 +122,7 @@ def test_token_advantages_truncate_and_pad_to_the_response_length(trees):
     short, _ = token_advantages(recs, rewards, [n - 1 for n in lengths])
     long, _ = token_advantages(recs, rewards, [n + 3 for n in lengths])
     for f, s, l_ in zip(full, short, long):
-        assert np.array_equal(s, f[:-1]) and np.array_equal(l_[: len(f)], f) and not l_[len(f):].any()
+        assert np.array_equal(s, f[:-1]) and np.array_equal(l_[: len(f)], f) and not l_[len(f) :].any()
 
 
 def test_rebuild_rejects_inconsistent_rows(trees):
@@ -150,8 +151,10 @@ def test_flat_trace_equals_core_trace_on_chains():
             index.append(tree.root_id)
             want.append(adv[leaf.node_id])
     assert np.allclose(flat_trace_advantages(np.array(scores), index), want)
-    assert np.allclose(batch_advantages("trace", [tree])[0][tree.leaves()[0].node_id],
-                       flat_trace_advantages(np.array(scores), index)[len(scores) - len(tree.leaves())])
+    assert np.allclose(
+        batch_advantages("trace", [tree])[0][tree.leaves()[0].node_id],
+        flat_trace_advantages(np.array(scores), index)[len(scores) - len(tree.leaves())],
+    )
 
 
 def test_merge_replaces_tree_rows_and_keeps_flat_and_padding_rows(trees):

@@ -62,8 +62,9 @@ def _turn_logprobs(node) -> list[float] | None:
     return [next(it) if m else 0.0 for m in node.loss_mask]
 
 
-def tree_rows(tree: RolloutTree, advantages: dict[str, float], weighting: str = "split",
-              tree_index: int = 0) -> list[PathRow]:
+def tree_rows(
+    tree: RolloutTree, advantages: dict[str, float], weighting: str = "split", tree_index: int = 0
+) -> list[PathRow]:
     """One row per leaf of `tree`, with the per-node `advantages` (from the core estimators) spread on tokens.
 
     Leaves without a reward (an unfinished rollout) cannot be trained on and raise."""
@@ -90,13 +91,28 @@ def tree_rows(tree: RolloutTree, advantages: dict[str, float], weighting: str = 
             lens.append(n)
             turn_lp = _turn_logprobs(node)
             logprobs = None if logprobs is None or turn_lp is None else logprobs + turn_lp
-        rows.append(PathRow(tree_index, tree.root_id, leaf.node_id, list(tree.root.token_ids), ids, mask, logprobs,
-                            node_ids, adv, wts, float(leaf.reward), lens))
+        rows.append(
+            PathRow(
+                tree_index,
+                tree.root_id,
+                leaf.node_id,
+                list(tree.root.token_ids),
+                ids,
+                mask,
+                logprobs,
+                node_ids,
+                adv,
+                wts,
+                float(leaf.reward),
+                lens,
+            )
+        )
     return rows
 
 
-def batch_rows(trees: Sequence[RolloutTree], estimator: str = "trace", weighting: str = "split",
-               **estimator_kwargs) -> list[PathRow]:
+def batch_rows(
+    trees: Sequence[RolloutTree], estimator: str = "trace", weighting: str = "split", **estimator_kwargs
+) -> list[PathRow]:
     """Rows of one step's trees with the core's `estimator` (batch-level for those that whiten a step)."""
     trees = list(trees)
     advs = batch_advantages(estimator, trees, **estimator_kwargs)

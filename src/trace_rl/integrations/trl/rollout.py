@@ -57,11 +57,20 @@ def tree_reward(completions, trace_reward: Sequence[float], **kwargs) -> list[fl
 
 
 class TraceRolloutFunc:
-    def __init__(self, env_factory: Callable[[], AgentEnv], backend: PolicyBackend | Callable[[Any], PolicyBackend] = hf_backend,
-                 task_from_prompt: Callable[[Any], dict] | None = None, method: str = "trace",
-                 branch_factor: int = 1, max_per_prompt: int = 8, predictor: Predictor | None = None,
-                 params: SamplingParams | None = None, estimator: str | None = None, weighting: str = "split",
-                 seed: int = 0):
+    def __init__(
+        self,
+        env_factory: Callable[[], AgentEnv],
+        backend: PolicyBackend | Callable[[Any], PolicyBackend] = hf_backend,
+        task_from_prompt: Callable[[Any], dict] | None = None,
+        method: str = "trace",
+        branch_factor: int = 1,
+        max_per_prompt: int = 8,
+        predictor: Predictor | None = None,
+        params: SamplingParams | None = None,
+        estimator: str | None = None,
+        weighting: str = "split",
+        seed: int = 0,
+    ):
         self.env_factory, self.backend, self.task_from_prompt = env_factory, backend, task_from_prompt
         self.method, self.branch_factor, self.max_per_prompt = get_method(method), branch_factor, max_per_prompt
         self.predictor = predictor if predictor is not None else light_text_predictor(seed=seed)
@@ -80,19 +89,27 @@ class TraceRolloutFunc:
 
     def __call__(self, prompts: list, trainer) -> dict[str, list]:
         if not getattr(trainer, "accepts_token_advantages", False):
-            raise TypeError("TRACE rows carry per-token tree advantages that GRPOTrainer would overwrite with its "
-                            "own group baseline; use trace_rl.integrations.trl.TraceGRPOTrainer")
+            raise TypeError(
+                "TRACE rows carry per-token tree advantages that GRPOTrainer would overwrite with its "
+                "own group baseline; use trace_rl.integrations.trl.TraceGRPOTrainer"
+            )
         g = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
         if len(prompts) % g:
             raise ValueError(f"{len(prompts)} prompts is not a multiple of num_generations={g}")
         unique = [prompts[i] for i in range(0, len(prompts), g)]
         for i, p in enumerate(unique):
-            if any(q != p for q in prompts[i * g: (i + 1) * g]):
-                raise ValueError("rollout_func expects each prompt repeated num_generations times in a row "
-                                 "(TRL's RepeatSampler)")
+            if any(q != p for q in prompts[i * g : (i + 1) * g]):
+                raise ValueError(
+                    "rollout_func expects each prompt repeated num_generations times in a row (TRL's RepeatSampler)"
+                )
         tasks = [self.task_from_prompt(p) if self.task_from_prompt else p for p in unique]
-        plan = BudgetPlan(prompts=len(tasks), rollouts_per_prompt=g, pool_factor=1, max_per_prompt=self.max_per_prompt,
-                          branch_factor=self.branch_factor if self.method.branches else 0)
+        plan = BudgetPlan(
+            prompts=len(tasks),
+            rollouts_per_prompt=g,
+            pool_factor=1,
+            max_per_prompt=self.max_per_prompt,
+            branch_factor=self.branch_factor if self.method.branches else 0,
+        )
         actor = LMActor(self._policy(trainer), self.env_factory, self.params)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         result = TreeRolloutEngine(actor, self.predictor, plan, seed=self.seed).grow(tasks, self.method, step)

@@ -31,11 +31,24 @@ def leaf_record(tree: RolloutTree, leaf_id: str) -> dict:
     """What a leaf's verl row carries about its tree (plain JSON types: it travels through Ray and TQ)."""
     turns = []
     for node in tree.path(leaf_id)[1:]:
-        turns.append({"id": node.node_id, "origin": node.origin, "tokens": len(node.token_ids),
-                      "policy": int(sum(node.loss_mask)), "predicted": node.predicted,
-                      "action": node.action, "observation": node.observation})
-    return {"tree": tree.root_id, "leaf": leaf_id, "prompt": tree.prompt, "root_predicted": tree.root.predicted,
-            "turns": turns}
+        turns.append(
+            {
+                "id": node.node_id,
+                "origin": node.origin,
+                "tokens": len(node.token_ids),
+                "policy": int(sum(node.loss_mask)),
+                "predicted": node.predicted,
+                "action": node.action,
+                "observation": node.observation,
+            }
+        )
+    return {
+        "tree": tree.root_id,
+        "leaf": leaf_id,
+        "prompt": tree.prompt,
+        "root_predicted": tree.root.predicted,
+        "turns": turns,
+    }
 
 
 def rebuild_trees(records: Sequence[dict], rewards: Sequence[float]) -> tuple[list[RolloutTree], list[tuple[int, str]]]:
@@ -63,9 +76,15 @@ def rebuild_trees(records: Sequence[dict], rewards: Sequence[float]) -> tuple[li
             node = tree.nodes.get(nid)
             tokens, policy = int(turn["tokens"]), int(turn["policy"])
             if node is None:
-                tree.nodes[nid] = TurnNode(nid, action=turn.get("action", ""), observation=turn.get("observation", ""),
-                                           token_ids=[0] * tokens, loss_mask=[1] * policy + [0] * (tokens - policy),
-                                           origin=turn["origin"], predicted=turn.get("predicted"))
+                tree.nodes[nid] = TurnNode(
+                    nid,
+                    action=turn.get("action", ""),
+                    observation=turn.get("observation", ""),
+                    token_ids=[0] * tokens,
+                    loss_mask=[1] * policy + [0] * (tokens - policy),
+                    origin=turn["origin"],
+                    predicted=turn.get("predicted"),
+                )
             elif len(node.token_ids) != tokens or node.origin != turn["origin"]:
                 raise ValueError(f"tree {root!r}: rows disagree on node {nid!r} (tokens or origin)")
         leaf = tree.nodes[leaf_id]
@@ -96,9 +115,14 @@ def _link(tree: RolloutTree) -> None:
         raise ValueError(f"tree {tree.root_id!r}: its root is not a root node")
 
 
-def token_advantages(records: Sequence[dict], rewards: Sequence[float], response_lengths: Sequence[int],
-                     estimator: str = "trace", weighting: str = "split",
-                     **estimator_kwargs) -> tuple[list[np.ndarray], list[RolloutTree]]:
+def token_advantages(
+    records: Sequence[dict],
+    rewards: Sequence[float],
+    response_lengths: Sequence[int],
+    estimator: str = "trace",
+    weighting: str = "split",
+    **estimator_kwargs,
+) -> tuple[list[np.ndarray], list[RolloutTree]]:
     """Per row, the weighted per-token advantages over its `response_lengths[i]` tokens, and the rebuilt trees.
 
     Rows are in the order given; tokens past the path's end (padding) get 0."""
@@ -129,19 +153,35 @@ def flat_trace_advantages(scores: np.ndarray, index: Sequence, scale: str = "std
     return out
 
 
-def merge_tree_advantages(extra_fields: Sequence[dict | None], scores: Sequence[float], lengths: Sequence[int],
-                          padding: Sequence[bool], base: Sequence[np.ndarray], estimator: str = "trace",
-                          weighting: str = "split", **estimator_kwargs) -> tuple[list[np.ndarray], list[RolloutTree]]:
+def merge_tree_advantages(
+    extra_fields: Sequence[dict | None],
+    scores: Sequence[float],
+    lengths: Sequence[int],
+    padding: Sequence[bool],
+    base: Sequence[np.ndarray],
+    estimator: str = "trace",
+    weighting: str = "split",
+    **estimator_kwargs,
+) -> tuple[list[np.ndarray], list[RolloutTree]]:
     """A verl batch's advantages: rows carrying a tree record get the tree advantages, every other row (flat
     sessions, and verl's padding rows, which copy a real row's fields including its record) keeps `base`,
     verl's own estimator's value. Returns per-row arrays and the rebuilt trees."""
     out = [np.asarray(b, dtype=np.float64).copy() for b in base]
-    picked = [i for i, (ef, pad) in enumerate(zip(extra_fields, padding))
-              if not pad and isinstance(ef, dict) and TRACE_FIELD in ef]
+    picked = [
+        i
+        for i, (ef, pad) in enumerate(zip(extra_fields, padding))
+        if not pad and isinstance(ef, dict) and TRACE_FIELD in ef
+    ]
     if not picked:
         return out, []
-    advs, trees = token_advantages([extra_fields[i][TRACE_FIELD] for i in picked], [float(scores[i]) for i in picked],
-                                   [int(lengths[i]) for i in picked], estimator, weighting, **estimator_kwargs)
+    advs, trees = token_advantages(
+        [extra_fields[i][TRACE_FIELD] for i in picked],
+        [float(scores[i]) for i in picked],
+        [int(lengths[i]) for i in picked],
+        estimator,
+        weighting,
+        **estimator_kwargs,
+    )
     for i, adv in zip(picked, advs):
         out[i] = adv
     return out, trees

@@ -66,8 +66,13 @@ class TraceSettings:
 
     def plan(self, batch_size: int, n: int) -> BudgetPlan:
         branches = self.branch_factor if self.method_spec.branches else 0
-        return BudgetPlan(prompts=batch_size, rollouts_per_prompt=n, branch_factor=branches, pool_factor=1,
-                          max_per_prompt=self.max_per_prompt)
+        return BudgetPlan(
+            prompts=batch_size,
+            rollouts_per_prompt=n,
+            branch_factor=branches,
+            pool_factor=1,
+            max_per_prompt=self.max_per_prompt,
+        )
 
 
 def expected_rows(counts: Sequence[int], settings: TraceSettings) -> int:
@@ -88,13 +93,17 @@ def root_counts(values: Sequence[float], n: int, settings: TraceSettings, step: 
     method = settings.method_spec
     total = plan.total
     if method.branches and total % (1 + plan.branch_factor):
-        raise ValueError(f"batch size x rollout.n = {total} does not divide by 1 + trace_rl.branch_factor = "
-                         f"{1 + plan.branch_factor}: the step could not fill verl's mini-batches exactly")
+        raise ValueError(
+            f"batch size x rollout.n = {total} does not divide by 1 + trace_rl.branch_factor = "
+            f"{1 + plan.branch_factor}: the step could not fill verl's mini-batches exactly"
+        )
     counts = allocate_method_roots(method, v, plan, seed=derive_seed(settings.seed, "roots", step))
     got = expected_rows(counts, settings)
     if got != total:
-        raise ValueError(f"{settings.method} allocated {got} rollouts for a budget of {total} (batch {batch} x n {n}); "
-                         f"raise trace_rl.max_per_prompt (now {settings.max_per_prompt}) to at least rollout.n")
+        raise ValueError(
+            f"{settings.method} allocated {got} rollouts for a budget of {total} (batch {batch} x n {n}); "
+            f"raise trace_rl.max_per_prompt (now {settings.max_per_prompt}) to at least rollout.n"
+        )
     return counts
 
 

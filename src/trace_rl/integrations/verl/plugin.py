@@ -23,8 +23,9 @@ ESTIMATOR_NAME = "trace"
 
 
 @register_adv_est(ESTIMATOR_NAME)
-def compute_trace_flat_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index=None,
-                                 config=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_trace_flat_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index=None, config=None, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`trace` on flat groups (every rollout of a prompt a chain): (r - mean) / (std + 1e-6) per prompt with the
     population std. Trees need `trainer.v1.trainer_mode=trace`, which reads the tree metadata."""
     scores = token_level_rewards.sum(dim=-1).detach().cpu().numpy()

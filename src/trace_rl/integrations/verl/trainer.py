@@ -41,24 +41,30 @@ class TraceTrainer(PPOTrainerSync):
     def __init__(self, config):
         super().__init__(config)
         if config.algorithm.use_kl_in_reward:
-            raise ValueError("trainer_mode=trace reads one reward per leaf; set algorithm.use_kl_in_reward=False "
-                             "(KL as a loss term, actor.use_kl_loss, is fine)")
+            raise ValueError(
+                "trainer_mode=trace reads one reward per leaf; set algorithm.use_kl_in_reward=False "
+                "(KL as a loss term, actor.use_kl_loss, is fine)"
+            )
         self.trace = TraceSettings.from_config(config.get(CONFIG_KEY, None))
         self.predictor = shared_predictor(self.trace.predictor, self.trace.seed)  # the manager's object
         self._step_trees: list = []
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_advantage(batch, metrics)
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["response_mask", "rm_scores", "advantages", "extra_fields"])
+        data = tq.kv_batch_get(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            select_fields=["response_mask", "rm_scores", "advantages", "extra_fields"],
+        )
         mask = data["response_mask"]
         lengths = [int(n) for n in mask.offsets().diff().tolist()]
         scores = [float(r.sum()) for r in _rows(data["rm_scores"])]
         base = [a.float().cpu().numpy() for a in _rows(data["advantages"])]
         extra = [getattr(e, "data", e) for e in list(data["extra_fields"])]
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
-        advs, trees = merge_tree_advantages(extra, scores, lengths, padding, base, self.trace.advantage,
-                                            self.trace.weighting)
+        advs, trees = merge_tree_advantages(
+            extra, scores, lengths, padding, base, self.trace.advantage, self.trace.weighting
+        )
         if not trees:
             return batch
         self._step_trees.extend(trees)
@@ -79,8 +85,11 @@ class TraceTrainer(PPOTrainerSync):
         if examples:
             loss = float(self.predictor.update(examples, targets))
             pending = getattr(self, "_pending_sync_metrics", None) or {}
-            self._pending_sync_metrics = {**pending, "trace/predictor_loss": loss,
-                                          "trace/predictor_examples": float(len(examples))}
+            self._pending_sync_metrics = {
+                **pending,
+                "trace/predictor_loss": loss,
+                "trace/predictor_examples": float(len(examples)),
+            }
 
 
 def tree_metrics(trees: list, extra: list, padding: list) -> dict[str, float]:
@@ -91,7 +100,10 @@ def tree_metrics(trees: list, extra: list, padding: list) -> dict[str, float]:
     for ef, pad in zip(extra, padding):
         if not pad and isinstance(ef, dict) and "trace" in ef:
             unspent[ef["trace"]["tree"]] = float(ef["trace"].get("unspent", 0))
-    return {"trace/trees": float(len(trees)), "trace/leaves_per_tree": float(np.mean(leaves)),
-            "trace/branched_anchors_per_tree": float(np.mean(anchors)),
-            "trace/mixed_tree_share": float(np.mean([t.is_mixed() for t in trees])),
-            "trace/unspent_prefix_budget": float(sum(unspent.values()))}
+    return {
+        "trace/trees": float(len(trees)),
+        "trace/leaves_per_tree": float(np.mean(leaves)),
+        "trace/branched_anchors_per_tree": float(np.mean(anchors)),
+        "trace/mixed_tree_share": float(np.mean([t.is_mixed() for t in trees])),
+        "trace/unspent_prefix_budget": float(sum(unspent.values())),
+    }

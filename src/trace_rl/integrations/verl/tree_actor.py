@@ -82,13 +82,27 @@ def single_prompt_plan(roots: int, method: Method, branch_factor: int) -> tuple[
     """The plan and method under which the engine grows exactly `roots` bare rollouts for one prompt, plus
     `branch_factor` continuations per root when the method branches (stage 1 already ran in the manager)."""
     branches = branch_factor if method.branches else 0
-    plan = BudgetPlan(prompts=1, rollouts_per_prompt=roots * (1 + branches), branch_factor=branches, pool_factor=1,
-                      max_per_prompt=max(2, roots))
+    plan = BudgetPlan(
+        prompts=1,
+        rollouts_per_prompt=roots * (1 + branches),
+        branch_factor=branches,
+        pool_factor=1,
+        max_per_prompt=max(2, roots),
+    )
     return plan, dataclasses.replace(method, root="uniform")
 
 
-async def grow_prompt_tree(uid: str, prompt: object, roots: int, open_sessions: Callable[[int], list[Session]],
-                           predictor: Predictor, method: Method, branch_factor: int, seed: int, step: int):
+async def grow_prompt_tree(
+    uid: str,
+    prompt: object,
+    roots: int,
+    open_sessions: Callable[[int], list[Session]],
+    predictor: Predictor,
+    method: Method,
+    branch_factor: int,
+    seed: int,
+    step: int,
+):
     """Grow one prompt's tree; returns (tree, [(leaf id, session)], StepResult). `uid` is the tree's root id."""
     if roots < 1:
         raise ValueError(f"a tree needs at least one root rollout, got {roots}")

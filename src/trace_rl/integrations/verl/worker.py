@@ -48,10 +48,16 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     def _agent_loop(self, agent_name: str):
         """An agent loop instance as `AgentLoopWorker._run_agent_loop` builds it (verl 0.9.1)."""
         return hydra.utils.instantiate(
-            config=_agent_loop_registry[agent_name], trainer_config=DictConfigWrap(config=self.config),
-            server_manager=self.llm_client, tokenizer=self.tokenizer, processor=self.processor,
-            hf_model_type=self.hf_model_type, dataset_cls=self.dataset_cls,
-            data_config=DictConfigWrap(self.config.data), tools=ToolListWrap(self.tools))
+            config=_agent_loop_registry[agent_name],
+            trainer_config=DictConfigWrap(config=self.config),
+            server_manager=self.llm_client,
+            tokenizer=self.tokenizer,
+            processor=self.processor,
+            hf_model_type=self.hf_model_type,
+            dataset_cls=self.dataset_cls,
+            data_config=DictConfigWrap(self.config.data),
+            tools=ToolListWrap(self.tools),
+        )
 
     async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
         agent_name = prompt.get("agent_name")
@@ -73,8 +79,16 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             logger.exception("TRACE tree of prompt %s failed", uid)
         await tq.async_kv_put(key=uid, partition_id="train", tag={"status": status})
 
-    async def _grow_and_put(self, loop: TraceToolAgentLoop, uid: str, prompt: dict, roots: int, value: float,
-                            sampling_params: dict, trajectory: dict) -> None:
+    async def _grow_and_put(
+        self,
+        loop: TraceToolAgentLoop,
+        uid: str,
+        prompt: dict,
+        roots: int,
+        value: float,
+        sampling_params: dict,
+        trajectory: dict,
+    ) -> None:
         kwargs = {k: v for k, v in prompt.items() if k != "agent_name"}
 
         async def score(output) -> float | None:
@@ -86,8 +100,16 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
 
         step = int(trajectory["step"])
         tree, leaves, result = await grow_prompt_tree(
-            uid, {"question": prompt_text(prompt.get("raw_prompt"))}, roots, open_sessions, self.predictor,
-            self.trace.method_spec, self.trace.branch_factor, derive_seed(self.trace.seed, "verl-tree", uid), step)
+            uid,
+            {"question": prompt_text(prompt.get("raw_prompt"))},
+            roots,
+            open_sessions,
+            self.predictor,
+            self.trace.method_spec,
+            self.trace.branch_factor,
+            derive_seed(self.trace.seed, "verl-tree", uid),
+            step,
+        )
         if not math.isnan(value):
             tree.root.predicted = value
         tree.compute_targets()
