@@ -14,7 +14,15 @@ MODEL=${MODEL:-Qwen/Qwen3-4B}
 TRAIN_FILES=${TRAIN_FILES:?parquet of training prompts}
 VAL_FILES=${VAL_FILES:?parquet of validation prompts}
 
-python -c "import verl, trace_rl.integrations.verl.plugin as p; print('trace plugin:', p.REGISTERED)"
+# verl loads plugins from entry points only, in every Ray process: check the installed package declares it
+python - <<'PY'
+from importlib.metadata import entry_points
+assert any(e.value == "trace_rl.integrations.verl.plugin" for e in entry_points(group="verl.plugins")), \
+    "trace-rl is installed without its verl.plugins entry point (pip install -e . from the repository)"
+import verl  # noqa: F401  (loads the plugin)
+from trace_rl.integrations.verl.plugin import REGISTERED
+print("trace plugin:", REGISTERED)
+PY
 
 python -m verl.trainer.main_ppo \
   trainer.use_v1=True \

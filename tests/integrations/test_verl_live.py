@@ -417,3 +417,15 @@ def test_the_launch_script_overrides_compose_against_verls_config():
     assert (cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n) % (1 + settings.branch_factor) == 0
     assert settings.max_per_prompt >= cfg.actor_rollout_ref.rollout.n
     assert cfg.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
+
+
+def test_manager_constructor_installs_the_tree_worker_and_refuses_unbatchable_budgets():
+    cfg = OmegaConf.create({**CONFIG, "data": {**CONFIG["data"], "train_batch_size": 6}})
+    cfg.actor_rollout_ref.model = {"path": "unused"}
+    m = manager_mod.TraceAgentLoopManager(cfg, llm_client=None)  # no Ray call before create()'s worker start
+    assert m.agent_loop_workers_class is worker_mod.TraceAgentLoopWorker
+    assert m.predictor is trainer_mod.shared_predictor("light_text", 0)  # the object the trainer updates
+    cfg.actor_rollout_ref.rollout.n = 3
+    cfg.data.train_batch_size = 3
+    with pytest.raises(ValueError, match="divide"):
+        manager_mod.TraceAgentLoopManager(cfg, llm_client=None)
