@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# TRACE on verl 0.9.1: Qwen3 on math with a python tool (the paper's math setting), one node of 8 GPUs.
+# Needs a GPU environment with verl's own stack (pip install "verl[vllm]==0.9.1") plus trace-rl with its
+# `verl.plugins` entry point installed (pip install -e . in this repository), so that `import verl` registers
+# the trace trainer, the trace_tool_agent loop and the trace estimator in every process.
+#   TRAIN_FILES / VAL_FILES  parquet in verl's RL format: `prompt` (chat messages), `data_source`,
+#                            `reward_model.ground_truth`; the system prompt should ask for \boxed{} answers
+#   MODEL                    default Qwen/Qwen3-4B
+# Budget: 64 prompts x n 8 = 512 rollouts a step. TRACE spends 256 on bare rollouts, allocated across the 64
+# prompts by the predictor (0 skips a prompt), and 256 on continuations branched from allocated prefixes.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+MODEL=${MODEL:-Qwen/Qwen3-4B}
+TRAIN_FILES=${TRAIN_FILES:?parquet of training prompts}
+VAL_FILES=${VAL_FILES:?parquet of validation prompts}
+
+# verl loads plugins from entry points only, in every Ray process: check the installed package declares it
+python - <<'PY'
+from importlib.metadata import entry_points
+assert any(e.value == "trace_rl.integrations.verl.plugin" for e in entry_points(group="verl.plugins")), \
+    "trace-rl is installed without its verl.plugins entry point (pip install -e . from the repository)"
+import verl  # noqa: F401  (loads the plugin)
+from trace_rl.integrations.verl.plugin import REGISTERED
+print("trace plugin:", REGISTERED)
+PY
+
+python -m verl.trainer.main_ppo \
+  trainer.use_v1=True \
+  trainer.v1.trainer_mode=trace \
+  +actor_rollout_ref.rollout.agent.agent_loop_manager_class=trace_rl.integrations.verl.manager.TraceAgentLoopManager \
+  actor_rollout_ref.rollout.agent.default_agent_loop=trace_tool_agent \
+  +trace_rl.method=trace \
+  +trace_rl.branch_factor=1 \
+  +trace_rl.max_per_prompt=16 \
+  +trace_rl.predictor=light_text \
+  +trace_rl.weighting=split \
+  algorithm.adv_estimator=grpo \
+  algorithm.use_kl_in_reward=False \
+  data.train_files="$TRAIN_FILES" \
+  data.val_files="$VAL_FILES" \
+  data.train_batch_size=64 \
+  data.max_prompt_length=1024 \
+  data.max_response_length=8192 \
+  data.return_raw_chat=True \
+  actor_rollout_ref.model.path="$MODEL" \
+  actor_rollout_ref.actor.optim.lr=1e-6 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+  actor_rollout_ref.actor.loss_agg_mode=token-mean \
+  actor_rollout_ref.actor.use_kl_loss=False \
+  actor_rollout_ref.rollout.name=vllm \
+  actor_rollout_ref.rollout.n=8 \
+  actor_rollout_ref.rollout.temperature=1.0 \
+  actor_rollout_ref.rollout.calculate_log_probs=True \
+  actor_rollout_ref.rollout.multi_turn.enable=True \
+  actor_rollout_ref.rollout.multi_turn.max_assistant_turns=8 \
+  actor_rollout_ref.rollout.multi_turn.format=hermes \
+  actor_rollout_ref.rollout.multi_turn.function_tool_path="$HERE/python_tool.py" \
+  reward.custom_reward_function.path="$HERE/reward.py" \
+  reward.custom_reward_function.name=compute_score \
+  trainer.n_gpus_per_node=8 \
+  trainer.nnodes=1 \
+  trainer.total_epochs=1 \
+  trainer.test_freq=10 \
+  trainer.save_freq=50 \
+  trainer.logger='["console","wandb"]' \
+  trainer.project_name=trace-rl \
+  trainer.experiment_name="trace-$(basename "$MODEL")-math" \
+  "$@"

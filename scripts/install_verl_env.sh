@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv-verl: trace-rl with verl 0.9.1, for the verl integration and its tests. Idempotent.
+#   VENV        where to build it (default .venv-verl)
+#   TORCH_SPEC  torch requirement (default torch==2.13.0, the CPU build; on a GPU cluster install verl's own
+#               stack instead: pip install "verl[vllm]==0.9.1", which pins torch 2.11 and vLLM 0.24)
+# Why a second environment: verl 0.9.1 requires transformers>=5.5.3,<5.11 (not 5.6.0), and trace-rl's HF backend
+# needs a newer one (its KV-cache tests fail on 5.10.4; docs/integrations.md has the measurement). verl itself
+# declares no torch; TransferQueue and the small servers below are what its V1 trainer imports beyond its
+# install_requires (verl's own "verl-core" extra lists them with GPU-only packages we skip).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv-verl}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
+$PIP --upgrade pip
+$PIP "${TORCH_SPEC:-torch==2.13.0}"
+$PIP "verl==0.9.1" "TransferQueue>=0.1.10" cachetools uvicorn fastapi pyzmq msgspec
+# the project on top, held to verl's transformers range so pip cannot lift it
+$PIP -e ".[dev,lm]" "transformers>=5.5.3,<5.11,!=5.6.0"
+"$VENV/bin/python" -c "import verl, transformers; print('verl', verl.__version__, 'transformers', transformers.__version__)"

@@ -1,0 +1,122 @@
+"""verl's V1 agent-loop worker with TRACE trees: each training prompt grows one tree, each leaf is a session.
+
+`TraceAgentLoopWorker` subclasses verl 0.9.1's `AgentLoopWorkerTQ` (the class under its `@ray.remote`) and
+replaces `_run_prompt`, the per-prompt method that starts `__rollout_n__` independent sessions. Here that
+count is the tree's number of bare rollouts; stage 2 (V~ of each prefix from the manager's predictor, the
+exact prefix allocation, the continuations) runs in `tree_actor.grow_prompt_tree`, i.e. in the core engine.
+Every leaf then goes into TransferQueue as its own session `{uid}_{leaf index}_0` (integers, as verl
+expects), with the tree record (`advantage.leaf_record`) in `extra_fields["trace"]`.
+
+The prompt group's status protocol is verl's: `running` when the prompt starts, then `finished`, or
+`failure` if anything raised (no leaf of a failed tree is written, so the trainer never sees half a tree).
+Validation, and any prompt without a tree method's agent loop, takes verl's own path unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import hydra
+import ray
+import transfer_queue as tq
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+from ...seeding import derive_seed
+from .advantage import TRACE_FIELD, leaf_record
+from .budgets import CONFIG_KEY, ROLLOUT_N_KEY, TraceSettings, prompt_text
+from .loop import TraceToolAgentLoop
+from .predictor_state import build_predictor, load_bytes
+from .tree_actor import grow_prompt_tree
+
+logger = logging.getLogger(__name__)
+VALUE_KEY = "__trace_value__"  # V~ of the prompt from the manager (logged on the tree's root)
+
+
+class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.trace = TraceSettings.from_config(self.config.get(CONFIG_KEY, None))
+        self.predictor = build_predictor(self.trace.predictor, self.trace.seed)
+
+    def set_trace_predictor(self, blob: bytes | None) -> None:
+        """The manager's current predictor weights, sent before each training batch."""
+        if blob is not None:
+            load_bytes(self.predictor, blob)
+
+    def _agent_loop(self, agent_name: str):
+        """An agent loop instance as `AgentLoopWorker._run_agent_loop` builds it (verl 0.9.1)."""
+        return hydra.utils.instantiate(
+            config=_agent_loop_registry[agent_name],
+            trainer_config=DictConfigWrap(config=self.config),
+            server_manager=self.llm_client,
+            tokenizer=self.tokenizer,
+            processor=self.processor,
+            hf_model_type=self.hf_model_type,
+            dataset_cls=self.dataset_cls,
+            data_config=DictConfigWrap(self.config.data),
+            tools=ToolListWrap(self.tools),
+        )
+
+    async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
+        agent_name = prompt.get("agent_name")
+        is_tree = agent_name in _agent_loop_registry and not trajectory["validate"] and ROLLOUT_N_KEY in prompt
+        loop = self._agent_loop(agent_name) if is_tree else None
+        if not isinstance(loop, TraceToolAgentLoop):
+            return await super()._run_prompt(prompt, sampling_params, trajectory, trace)
+        uid = prompt["uid"]
+        await tq.async_kv_put(key=uid, partition_id="train", tag={"status": "running"})
+        status = "failure"
+        try:
+            roots = int(prompt.pop(ROLLOUT_N_KEY))
+            prompt.pop("__do_sample__", None)
+            value = float(prompt.pop(VALUE_KEY, math.nan))
+            if roots > 0:
+                await self._grow_and_put(loop, uid, prompt, roots, value, dict(sampling_params), trajectory)
+            status = "finished"
+        except Exception:
+            logger.exception("TRACE tree of prompt %s failed", uid)
+        await tq.async_kv_put(key=uid, partition_id="train", tag={"status": status})
+
+    async def _grow_and_put(
+        self,
+        loop: TraceToolAgentLoop,
+        uid: str,
+        prompt: dict,
+        roots: int,
+        value: float,
+        sampling_params: dict,
+        trajectory: dict,
+    ) -> None:
+        kwargs = {k: v for k, v in prompt.items() if k != "agent_name"}
+
+        async def score(output) -> float | None:
+            await self._compute_score([output], kwargs={**kwargs, "session_id": 0})
+            return output.reward_score
+
+        def open_sessions(k: int):
+            return [loop.session(sampling_params, f"trace-{uid}", score, **kwargs) for _ in range(k)]
+
+        step = int(trajectory["step"])
+        tree, leaves, result = await grow_prompt_tree(
+            uid,
+            {"question": prompt_text(prompt.get("raw_prompt"))},
+            roots,
+            open_sessions,
+            self.predictor,
+            self.trace.method_spec,
+            self.trace.branch_factor,
+            derive_seed(self.trace.seed, "verl-tree", uid),
+            step,
+        )
+        if not math.isnan(value):
+            tree.root.predicted = value
+        tree.compute_targets()
+        for index, (leaf_id, session) in enumerate(leaves):
+            output = session.output
+            output.extra_fields[TRACE_FIELD] = {**leaf_record(tree, leaf_id), "unspent": result.unspent_prefix_budget}
+            await self._agent_loop_postprocess(output, trajectory["validate"], session_id=index, **kwargs)
+
+
+TraceAgentLoopWorker = ray.remote(_TraceAgentLoopWorker)

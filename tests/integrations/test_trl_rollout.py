@@ -1,0 +1,106 @@
+"""TraceRolloutFunc against TRL 1.16's rollout_func contract, with a minimal stand-in for the trainer (no TRL
+needed): repeated prompts in, one row per received prompt out, per-token tree advantages on the side."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from helpers_calc import scripted_calc  # noqa: E402
+
+from trace_rl.backends.base import SamplingParams, ScriptedBackend  # noqa: E402
+from trace_rl.envs.calculator import CalculatorEnv, make_tasks  # noqa: E402
+from trace_rl.integrations.rows import batch_rows  # noqa: E402
+from trace_rl.integrations.trl.rollout import REQUIRED, TraceRolloutFunc, tree_reward  # noqa: E402
+from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
+
+
+def stand_in(g: int = 4, accepts: bool = True):
+    """What the rollout function reads from GRPOTrainer: group size, mode, step, and the subclass marker."""
+    return SimpleNamespace(
+        num_generations=g,
+        num_generations_eval=1,
+        model=SimpleNamespace(training=True),
+        state=SimpleNamespace(global_step=0),
+        accepts_token_advantages=accepts,
+    )
+
+
+def rollout_func(method="trace", **kw):
+    tok = byte_tokenizer()
+    backend = ScriptedBackend(tok, lambda text, i: scripted_calc(text, i, wrong_every=3))
+    return TraceRolloutFunc(
+        CalculatorEnv,
+        backend=backend,
+        task_from_prompt=json.loads,
+        method=method,
+        params=SamplingParams(max_new_tokens=64),
+        **kw,
+    )
+
+
+def prompts(count: int, g: int) -> list[str]:
+    return [json.dumps(t) for t in make_tasks(count, seed=1, steps=(2, 3)) for _ in range(g)]
+
+
+@pytest.mark.parametrize("method", ["trace", "grpo"])
+def test_one_row_per_received_prompt_with_the_leaves_and_their_tree_advantages(method):
+    fn = rollout_func(method)
+    out = fn(prompts(4, 4), stand_in(4))
+    assert set(REQUIRED) <= set(out) and "env_mask" in out
+    assert all(len(v) == 16 for v in out.values())
+    for ids, lp, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"]):
+        assert len(ids) == len(lp) == len(mask) > 0
+    real = [r for r in fn.last_rows if r is not None]
+    assert len(real) + fn.last_result.unspent_prefix_budget == 16
+    want = batch_rows(fn.last_result.active, get_adv(method))
+    assert [r.leaf_id for r in real] == [w.leaf_id for w in want]
+    for adv, row, mask in zip(fn.last_advantages, fn.last_rows, out["env_mask"]):
+        if row is None:  # filler: nothing to learn
+            assert not any(mask) and not any(adv)
+        else:
+            assert adv == row.weighted_advantages and mask == row.loss_mask
+    assert tree_reward(out["completion_ids"], out["trace_reward"]) == [float(r) for r in out["trace_reward"]]
+    rewards = [r for r, row in zip(out["trace_reward"], fn.last_rows) if row]
+    assert set(rewards) <= {0.0, 1.0}
+    if method == "trace":
+        assert any(r.weights[0] < 1 for r in real)  # shared prefixes were split across leaves
+
+
+def get_adv(method):
+    from trace_rl.methods import get_method
+
+    return get_method(method).advantage
+
+
+def test_the_predictor_learns_in_the_rollout_process():
+    fn = rollout_func()
+    fn(prompts(4, 4), stand_in(4))
+    assert fn.last_result.predictor_loss is not None
+
+
+def test_contract_violations_are_refused():
+    fn = rollout_func()
+    with pytest.raises(TypeError, match="TraceGRPOTrainer"):
+        fn(prompts(2, 4), stand_in(4, accepts=False))
+    with pytest.raises(ValueError, match="multiple of num_generations"):
+        fn(prompts(2, 4)[:-1], stand_in(4))
+    shuffled = prompts(2, 4)
+    shuffled[1], shuffled[4] = shuffled[4], shuffled[1]
+    with pytest.raises(ValueError, match="in a row"):
+        fn(shuffled, stand_in(4))
+
+
+def test_filler_rows_top_up_a_short_step():
+    fn = rollout_func()
+    out = fn(prompts(2, 4), stand_in(4))
+    real = [r for r in fn.last_rows if r is not None]
+    padded = fn.rows_to_output(real[:3], 8)
+    assert len(padded["completion_ids"]) == 8 and fn.last_rows[3:] == [None] * 5
+    assert all(not any(m) for m in padded["env_mask"][3:]) and np.all(np.array(padded["trace_reward"][3:]) == 0)
+    assert out["prompt_ids"][0] == real[0].prompt_ids
+    with pytest.raises(RuntimeError, match="overspent"):
+        fn.rows_to_output(real, 2)

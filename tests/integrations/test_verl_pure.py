@@ -1,0 +1,176 @@
+"""The verl integration's pure parts (no verl import): budgets, leaf records, tree rebuilding, advantages."""
+
+import json
+
+import numpy as np
+import pytest
+
+from trace_rl.advantages import batch_advantages, trace
+from trace_rl.integrations.rows import batch_rows
+from trace_rl.integrations.verl.advantage import (
+    flat_trace_advantages,
+    leaf_record,
+    merge_tree_advantages,
+    rebuild_trees,
+    token_advantages,
+)
+from trace_rl.integrations.verl.budgets import TraceSettings, expected_rows, prompt_text, prompt_trees, root_counts
+from trace_rl.methods import BudgetPlan, allocate_method_roots, get_method
+from trace_rl.seeding import derive_seed
+from trace_rl.tree import RolloutTree
+
+
+@pytest.mark.parametrize("method,branch", [("trace", 1), ("trace", 3), ("grpo", 1), ("pcl", 0), ("tree_grpo", 1)])
+def test_root_counts_keep_batch_times_n_rows(method, branch):
+    rng = np.random.default_rng(0)
+    settings = TraceSettings(method=method, branch_factor=branch, max_per_prompt=16)
+    for _ in range(20):
+        v = rng.random(8)
+        counts = root_counts(v, 8, settings, step=3)
+        assert counts.shape == (8,) and counts.min() >= 0
+        assert expected_rows(counts, settings) == 8 * 8
+        assert not np.any(counts == 1), "a single rollout gives no contrast"
+
+
+def test_root_counts_are_the_core_engine_allocation():
+    settings = TraceSettings(method="trace", branch_factor=1, max_per_prompt=8, seed=5)
+    v = np.linspace(0.05, 0.95, 12)
+    plan = BudgetPlan(prompts=12, rollouts_per_prompt=4, branch_factor=1, pool_factor=1, max_per_prompt=8)
+    want = allocate_method_roots(get_method("trace"), v, plan, seed=derive_seed(5, "roots", 2))
+    assert np.array_equal(root_counts(v, 4, settings, step=2), want)
+    # skipping: near-certain and hopeless prompts get nothing, uncertain ones get more than the uniform share
+    counts = root_counts(np.array([0.0, 1.0, 0.5, 0.5]), 4, settings)
+    assert counts[0] == counts[1] == 0 and counts[2] + counts[3] == 8
+
+
+def test_root_counts_refuse_budgets_verl_cannot_batch():
+    with pytest.raises(ValueError, match="divide"):
+        root_counts(np.full(3, 0.5), 3, TraceSettings(branch_factor=1))  # 9 rows, (1 + 1) does not divide
+    with pytest.raises(ValueError, match="max_per_prompt"):
+        root_counts(np.full(2, 0.5), 16, TraceSettings(branch_factor=0, method="trace_root_only", max_per_prompt=4))
+
+
+def test_settings_from_config_reject_unknown_keys_and_methods():
+    assert TraceSettings.from_config({"method": "trace", "branch_factor": 2}).branch_factor == 2
+    assert TraceSettings.from_config(None) == TraceSettings()
+    with pytest.raises(ValueError, match="unknown trace settings"):
+        TraceSettings.from_config({"branchfactor": 2})
+    with pytest.raises(ValueError, match="unknown method"):
+        TraceSettings(method="nope")
+    assert TraceSettings(method="tree_grpo").advantage == "tree_grpo"
+    assert TraceSettings(method="tree_grpo", estimator="trace").advantage == "trace"
+
+
+def test_prompt_text_reads_the_last_user_message():
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "first"}, {"role": "user", "content": "Q?"}]
+    assert prompt_text(msgs) == "Q?"
+    assert prompt_text("plain") == "plain"
+    blocks = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert prompt_text([{"role": "user", "content": blocks}]) == "a b"
+    assert prompt_text(np.array(msgs, dtype=object)) == "Q?"  # how verl's batch holds raw_prompt
+    assert prompt_text(None) == ""
+    trees = prompt_trees(["u-1", "u-2"], [msgs, "x"])
+    assert [t.root_id for t in trees] == ["u-1", "u-2"] and trees[0].prompt == {"question": "Q?"}
+
+
+def _records(trees):
+    """Leaf records as the worker writes them, round-tripped through JSON (they travel through Ray)."""
+    recs, rewards, lengths = [], [], []
+    for tree in trees:
+        for leaf in tree.leaves():
+            recs.append(json.loads(json.dumps(leaf_record(tree, leaf.node_id))))
+            rewards.append(leaf.reward)
+            lengths.append(sum(len(n.token_ids) for n in tree.path(leaf.node_id)[1:]))
+    return recs, rewards, lengths
+
+
+def test_rebuilt_trees_have_the_shape_targets_and_text_of_the_originals(trees):
+    recs, rewards, _ = _records(trees)
+    order = np.random.default_rng(1).permutation(len(recs))  # rows arrive in any order
+    rebuilt, where = rebuild_trees([recs[i] for i in order], [rewards[i] for i in order])
+    assert sorted(t.root_id for t in rebuilt) == sorted(t.root_id for t in trees)
+    by_id = {t.root_id: t for t in trees}
+    for tree in rebuilt:
+        orig = by_id[tree.root_id]
+        orig.compute_targets()
+        tree.compute_targets()
+        assert set(tree.nodes) == set(orig.nodes)
+        for nid, node in tree.nodes.items():
+            o = orig[nid]
+            assert node.children == o.children and node.origin == o.origin and node.leaves == o.leaves
+            assert node.target == pytest.approx(o.target) if o.target is not None else node.target is None
+            if node.origin != "root":  # the prompt's tokens are verl's `prompts`, not part of the record
+                assert len(node.token_ids) == len(o.token_ids) and node.action == o.action
+    assert [rebuilt[i].root_id + ":" + leaf for i, leaf in where] == [
+        recs[i]["tree"] + ":" + recs[i]["leaf"] for i in order
+    ]
+
+
+@pytest.mark.parametrize("estimator", ["trace", "tree_grpo", "treepo"])
+def test_token_advantages_match_the_core_rows_on_the_same_trees(trees, estimator):
+    recs, rewards, lengths = _records(trees)
+    got, _ = token_advantages(recs, rewards, lengths, estimator=estimator)
+    want = batch_rows(trees, estimator)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert np.allclose(g, w.weighted_advantages, atol=1e-12)
+
+
+def test_token_advantages_truncate_and_pad_to_the_response_length(trees):
+    recs, rewards, lengths = _records(trees[:1])
+    full, _ = token_advantages(recs, rewards, lengths)
+    short, _ = token_advantages(recs, rewards, [n - 1 for n in lengths])
+    long, _ = token_advantages(recs, rewards, [n + 3 for n in lengths])
+    for f, s, l_ in zip(full, short, long):
+        assert np.array_equal(s, f[:-1]) and np.array_equal(l_[: len(f)], f) and not l_[len(f) :].any()
+
+
+def test_rebuild_rejects_inconsistent_rows(trees):
+    recs, rewards, _ = _records(trees[:1])
+    with pytest.raises(ValueError, match="two rows"):
+        rebuild_trees(recs + recs[:1], rewards + rewards[:1])
+    bad = json.loads(json.dumps(recs))
+    bad[1]["turns"][0]["tokens"] += 1
+    if bad[1]["turns"][0]["id"] == recs[0]["turns"][0]["id"]:
+        with pytest.raises(ValueError, match="disagree"):
+            rebuild_trees(bad, rewards)
+    with pytest.raises(ValueError, match="end at the leaf"):
+        rebuild_trees([{**recs[0], "leaf": "t0.9"}], rewards[:1])
+
+
+def test_flat_trace_equals_core_trace_on_chains():
+    rng = np.random.default_rng(3)
+    scores, index, want = [], [], []
+    for p in range(4):
+        tree = RolloutTree(f"p{p}")
+        for _ in range(int(rng.integers(2, 6))):
+            tree.add_turn(tree.add_turn(tree.root_id).node_id, terminal=True, reward=float(rng.integers(0, 2)))
+        adv = trace(tree)
+        for leaf in tree.leaves():
+            scores.append(leaf.reward)
+            index.append(tree.root_id)
+            want.append(adv[leaf.node_id])
+    assert np.allclose(flat_trace_advantages(np.array(scores), index), want)
+    assert np.allclose(
+        batch_advantages("trace", [tree])[0][tree.leaves()[0].node_id],
+        flat_trace_advantages(np.array(scores), index)[len(scores) - len(tree.leaves())],
+    )
+
+
+def test_merge_replaces_tree_rows_and_keeps_flat_and_padding_rows(trees):
+    recs, rewards, lengths = _records(trees[:2])
+    extra = [{"trace": r, "turn_scores": []} for r in recs]
+    # a flat row without a record, and a padding row that copies the first row's fields
+    extra += [{"turn_scores": []}, dict(extra[0])]
+    scores = rewards + [1.0, rewards[0]]
+    lens = lengths + [4, lengths[0]]
+    padding = [False] * len(recs) + [False, True]
+    base = [np.full(n, 9.0) for n in lens]
+    merged, rebuilt = merge_tree_advantages(extra, scores, lens, padding, base)
+    want, _ = token_advantages(recs, rewards, lengths)
+    for got, w in zip(merged, want):
+        assert np.array_equal(got, w)
+    assert np.array_equal(merged[-2], base[-2]) and np.array_equal(merged[-1], base[-1])
+    assert [t.root_id for t in rebuilt] == [t.root_id for t in trees[:2]]
+    same, none = merge_tree_advantages([None, {}], [0.0, 1.0], [2, 2], [False, False], [np.ones(2), np.zeros(2)])
+    assert none == [] and np.array_equal(same[0], np.ones(2))
