@@ -18,7 +18,7 @@ if [ "${CORE_ONLY:-}" = "1" ]; then
   exit 0
 fi
 $PIP "${TORCH_SPEC:-torch==2.13.0}"
-$PIP -e ".[dev,plots,lm,envs,train,ray]"
+$PIP -e ".[dev,plots,lm,envs,train,ray,trl]"
 # --no-deps: a plain install of bfcl-eval pulls a CUDA torch and pins numpy 1.26; its multi-turn parts need mpmath only
 $PIP --no-deps bfcl-eval
 $PIP mpmath

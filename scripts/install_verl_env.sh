@@ -16,6 +16,9 @@ PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
 $PIP --upgrade pip
 $PIP "${TORCH_SPEC:-torch==2.13.0}"
 $PIP "verl==0.9.1" "TransferQueue>=0.1.10" cachetools uvicorn fastapi pyzmq msgspec
-# the project on top, held to verl's transformers range so pip cannot lift it
-$PIP -e ".[dev,lm]" "transformers>=5.5.3,<5.11,!=5.6.0"
+# the project on top without its own requirements: verl's hydra-core pins omegaconf<2.4 while trace-rl's command
+# line needs 2.4 (PEP 585 list[...] settings); the integration never reads a trace-rl config, so the pin wins here.
+# What the integration and its tests import is installed explicitly, held to verl's transformers range.
+$PIP --no-deps -e .
+$PIP pytest "transformers>=5.5.3,<5.11,!=5.6.0" tokenizers accelerate tqdm
 "$VENV/bin/python" -c "import verl, transformers; print('verl', verl.__version__, 'transformers', transformers.__version__)"
