@@ -44,11 +44,14 @@ def main() -> None:
         model, tok = create_tiny_model()
         label = "tiny (random)"
     be = HFBackend(model, tok)
-    print(f"model {label}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, {torch.get_num_threads()} threads")
+    print(
+        f"model {label}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+        f"{torch.get_num_threads()} threads"
+    )
     # ignore eos so every row generates exactly new_tokens
     be.eos_ids = set()
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
-    text = ("The quick brown fox jumps over the lazy dog. " * 200)
+    text = "The quick brown fox jumps over the lazy dog. " * 200
     for batch in (1, 32):
         prompts = [tok(f"{i} " + text[:200], add_special_tokens=False).input_ids[:64] for i in range(batch)]
         be.clear_cache()
@@ -70,22 +73,27 @@ def main() -> None:
             for k in range(8):
                 be.clear_cache()
                 be.generate([prefix], params, seed=k)
+
         be.clear_cache()
         t_naive, _ = timed(reencode)
-        print(f"k=8 x {args.new_tokens} tokens from a {length}-token prefix: KV reuse {t_reuse:.2f}s "
-              f"({computed} prefix tokens encoded once), re-encoding per continuation {t_naive:.2f}s "
-              f"({8 * length} encoded) -> {t_naive / t_reuse:.2f}x; from a warm prefix cache {t_again:.2f}s, "
-              f"{again} prefix tokens recomputed")
+        print(
+            f"k=8 x {args.new_tokens} tokens from a {length}-token prefix: KV reuse {t_reuse:.2f}s "
+            f"({computed} prefix tokens encoded once), re-encoding per continuation {t_naive:.2f}s "
+            f"({8 * length} encoded) -> {t_naive / t_reuse:.2f}x; from a warm prefix cache {t_again:.2f}s, "
+            f"{again} prefix tokens recomputed"
+        )
     be.eos_ids = {tok.eos_token_id}
     plan = BudgetPlan(prompts=8, rollouts_per_prompt=8, branch_factor=1, pool_factor=4, max_per_prompt=8)
     eng = TreeRolloutEngine(be, CalculatorEnv, light_text_predictor(), plan, SamplingParams(max_new_tokens=48))
     res = eng.grow(make_tasks(plan.pool, seed=5), get_method("trace"))
     t = res.time
-    print(f"TRACE rollout step ({res.rollouts} rollouts, {res.generated_tokens:,} tokens, {t['total']:.1f}s): "
-          f"generate {100 * t['generate'] / t['total']:.1f}%, predictor {100 * t['predictor'] / t['total']:.2f}%, "
-          f"allocate {100 * t['allocate'] / t['total']:.3f}%, env steps + observation tokens "
-          f"{100 * t['env'] / t['total']:.2f}%, engine overhead (allocation + bookkeeping) "
-          f"{100 * res.overhead / t['total']:.2f}%")
+    print(
+        f"TRACE rollout step ({res.rollouts} rollouts, {res.generated_tokens:,} tokens, {t['total']:.1f}s): "
+        f"generate {100 * t['generate'] / t['total']:.1f}%, predictor {100 * t['predictor'] / t['total']:.2f}%, "
+        f"allocate {100 * t['allocate'] / t['total']:.3f}%, env steps + observation tokens "
+        f"{100 * t['env'] / t['total']:.2f}%, engine overhead (allocation + bookkeeping) "
+        f"{100 * res.overhead / t['total']:.2f}%"
+    )
 
 
 if __name__ == "__main__":

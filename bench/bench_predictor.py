@@ -29,8 +29,15 @@ def small_causal_critic():
     from trace_rl.lm.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=4, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        pad_token_id=tok.pad_token_id,
+    )
     return LMCritic(LlamaModel(cfg), tok)
 
 
@@ -51,7 +58,10 @@ def main() -> None:
     critics.append(("random causal critic 4x256 (prefix-shared)", small_causal_critic))
     for name in args.critic:
         critics.append((f"LM critic {name}", lambda name=name: LMCritic(name)))
-    print(f"policy {args.model}, {torch.get_num_threads()} threads; {args.steps} TRACE steps of {plan.total} rollouts each")
+    print(
+        f"policy {args.model}, {torch.get_num_threads()} threads; "
+        f"{args.steps} TRACE steps of {plan.total} rollouts each"
+    )
     for label, make in critics:
         pred = make()
         eng = TreeRolloutEngine(backend, CalculatorEnv, pred, plan, SamplingParams(max_new_tokens=32), seed=0)
@@ -63,8 +73,14 @@ def main() -> None:
             p += res.time["predictor"]
         saving = ""
         if hasattr(pred, "stats") and pred.stats.get("tokens_naive"):
-            saving = f"; tokens encoded {pred.stats['tokens_encoded']:,} vs {pred.stats['tokens_naive']:,} one prefix at a time"
-        print(f"{label:<44} predictor {100 * p / total:5.2f}% of the step ({p:.2f}s of {total:.1f}s; generate {100 * gen / total:.1f}%){saving}")
+            saving = (
+                f"; tokens encoded {pred.stats['tokens_encoded']:,} vs {pred.stats['tokens_naive']:,} "
+                "one prefix at a time"
+            )
+        print(
+            f"{label:<44} predictor {100 * p / total:5.2f}% of the step ({p:.2f}s of {total:.1f}s; "
+            f"generate {100 * gen / total:.1f}%){saving}"
+        )
 
 
 if __name__ == "__main__":

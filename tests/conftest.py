@@ -18,4 +18,3 @@ def small_tree() -> RolloutTree:
     tree.add_turn(c.node_id, action="d", terminal=True, reward=0.0)
     tree.add_turn(c.node_id, action="e", terminal=True, reward=1.0, origin=BRANCH)
     return tree
-

@@ -12,8 +12,17 @@ from trace_rl.tree import load_trees, save_trees  # noqa: E402
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("model") / "tiny"
-    code = main(["sft", "policy.model=tiny", "steps=3", "sft.batch_size=2", "sft.eval_tasks=4", f"out={out}",
-                 "policy.max_new_tokens=8"])
+    code = main(
+        [
+            "sft",
+            "policy.model=tiny",
+            "steps=3",
+            "sft.batch_size=2",
+            "sft.eval_tasks=4",
+            f"out={out}",
+            "policy.max_new_tokens=8",
+        ]
+    )
     assert code == 0 and (out / "config.json").exists() and (out / "sft_report.json").exists()
     assert (out / "config.yaml").exists()
     return out
@@ -22,8 +31,16 @@ def sft_model(tmp_path_factory):
 def test_sft_report_episodes_warm_start_the_predictor(sft_model, tmp_path, capsys):
     trees = load_trees(sft_model / "sft_eval_trees.jsonl")
     assert len(trees) == 4 and all(len(t.rewards()) == 1 and t.root.token_ids for t in trees)
-    common = ["rollout", f"policy.model={sft_model}", "methods=trace", "steps=1", "budget.prompts=2",
-              "budget.rollouts_per_prompt=4", "policy.max_new_tokens=8", "progress=false"]
+    common = [
+        "rollout",
+        f"policy.model={sft_model}",
+        "methods=trace",
+        "steps=1",
+        "budget.prompts=2",
+        "budget.rollouts_per_prompt=4",
+        "policy.max_new_tokens=8",
+        "progress=false",
+    ]
     for t in trees:  # whatever the 3-step model did, label every report episode a failure
         next(n for n in t.turns() if n.terminal).reward = 0.0
     save_trees(tmp_path / "warm.jsonl", trees)
@@ -42,8 +59,26 @@ def test_sft_report_episodes_warm_start_the_predictor(sft_model, tmp_path, capsy
 
 
 def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):
-    code = main(["rollout", "--model", str(sft_model), "--methods", "grpo,trace", "--steps", "1", "--prompts", "2",
-                 "--rollouts-per-prompt", "4", "--max-new-tokens", "8", "--out", str(tmp_path), "--save-trees"])
+    code = main(
+        [
+            "rollout",
+            "--model",
+            str(sft_model),
+            "--methods",
+            "grpo,trace",
+            "--steps",
+            "1",
+            "--prompts",
+            "2",
+            "--rollouts-per-prompt",
+            "4",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(tmp_path),
+            "--save-trees",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "groups_per_1k" in out and "trace" in out and (tmp_path / "rollout_summary.json").exists()
@@ -95,7 +130,22 @@ def test_bad_task_mix_is_one_line_error(capsys):
 
 
 def test_rollout_with_an_lm_critic_that_does_not_exist_is_one_line(sft_model, tmp_path, capsys):
-    code = main(["rollout", "--model", str(sft_model), "--methods", "trace", "--steps", "1", "--prompts", "2",
-                 "--predictor", str(tmp_path / "no-critic"), "--out", str(tmp_path / "run")])
+    code = main(
+        [
+            "rollout",
+            "--model",
+            str(sft_model),
+            "--methods",
+            "trace",
+            "--steps",
+            "1",
+            "--prompts",
+            "2",
+            "--predictor",
+            str(tmp_path / "no-critic"),
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "predictor.kind" in err and len(err.strip().splitlines()) == 1

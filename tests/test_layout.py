@@ -12,8 +12,22 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
 CORE = {"tree", "allocation", "advantages", "metrics", "methods", "knapsack", "seeding"}
 # lower ranks first: a module imports only from lower ranks or from its own package
-RANK = {"plots": 1, "lm": 1, "backends": 2, "predictors": 3, "envs": 3, "agent": 4, "rollout": 5, "testbed": 6, "train": 6,
-        "integrations": 7, "viewer": 7, "config": 7, "diagnose": 8, "cli": 9}
+RANK = {
+    "plots": 1,
+    "lm": 1,
+    "backends": 2,
+    "predictors": 3,
+    "envs": 3,
+    "agent": 4,
+    "rollout": 5,
+    "testbed": 6,
+    "train": 6,
+    "integrations": 7,
+    "viewer": 7,
+    "config": 7,
+    "diagnose": 8,
+    "cli": 9,
+}
 
 
 def _unit(path: Path) -> str:
@@ -61,8 +75,11 @@ def test_the_core_imports_numpy_and_the_standard_library_only():
     for name in CORE:
         tree = ast.parse((SRC / f"{name}.py").read_text())
         for node in ast.walk(tree):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            mods = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            )
             for mod in mods:
                 assert mod.split(".")[0] in allowed, f"{name}.py imports {mod}"
 
@@ -71,8 +88,23 @@ def test_sandbox_tests_run_without_math_verify(tmp_path):
     pytest.importorskip("math_verify")  # the stand-in below only means something where the real one exists
     (tmp_path / "math_verify.py").write_text("raise ImportError('math-verify is not installed here')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC.parent)])}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", "-rs",
-                           str(SRC.parents[1] / "tests" / "envs" / "test_sandbox.py")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-o",
+            "addopts=",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+            str(SRC.parents[1] / "tests" / "envs" / "test_sandbox.py"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "skipped" not in proc.stdout and " passed" in proc.stdout

@@ -133,7 +133,8 @@ def _simulate(cfg, yaml_text: str) -> None:
     if len(seeds) > 1:
         for row in rows:
             row["er_per_seed"] = " ".join(
-                f"{np.mean([r['rollout/effective_ratio'] for r in run[row['method']]]):.3f}" for run in runs)
+                f"{np.mean([r['rollout/effective_ratio'] for r in run[row['method']]]):.3f}" for run in runs
+            )
     table = format_table(rows)
     if len(seeds) > 1:
         table = f"mean over seeds {seeds}\n" + table
@@ -141,8 +142,9 @@ def _simulate(cfg, yaml_text: str) -> None:
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
     (out / "summary.txt").write_text(table + "\n")
     per = per_seed(runs) if len(seeds) > 1 else results
-    plot_metric(per, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)",
-                smooth=5)
+    plot_metric(
+        per, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)", smooth=5
+    )
     plot_metric(per, "eval/accuracy", out / "accuracy.png", "Exact held-out accuracy")
     where = ", ".join(f"{out}/seed{s}/metrics.jsonl" for s in seeds) if len(seeds) > 1 else f"{out}/metrics.jsonl"
     print(f"\nwrote {out}/config.yaml, {where}, {out}/summary.json, effective_ratio.png, accuracy.png")
@@ -161,7 +163,9 @@ def _rollout(cfg, yaml_text: str) -> None:
     print(table)
     (out / "rollout_summary.json").write_text(json.dumps(rows, indent=2))
     (out / "rollout_summary.txt").write_text(table + "\n")
-    plot_metric(results, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)")
+    plot_metric(
+        results, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)"
+    )
     print(f"\nwrote {out}/config.yaml, rollout_summary.json, metrics.jsonl, predictions.jsonl, effective_ratio.png")
 
 
@@ -176,8 +180,10 @@ def _train(cfg, yaml_text: str) -> None:
 
     s = train(cfg, yaml_text)
     before = "-" if s["accuracy_before"] is None else f"{s['accuracy_before']:.3f}"
-    print(f"held-out accuracy: {before} before, {s['accuracy_after']:.3f} after {s['steps']} steps "
-          f"({s['rollouts']:,} rollouts); peak resident memory {s['peak_rss_gib']:.2f} GiB")
+    print(
+        f"held-out accuracy: {before} before, {s['accuracy_after']:.3f} after {s['steps']} steps "
+        f"({s['rollouts']:,} rollouts); peak resident memory {s['peak_rss_gib']:.2f} GiB"
+    )
     records = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines() if line]
     er = np.mean([r["rollout/effective_ratio"] for r in records]) if records else float("nan")
     print(f"effective ratio (mean over steps): {er:.3f}")
@@ -244,8 +250,17 @@ def _eval(cfg, yaml_text: str) -> None:
         tasks = spec.benchmarks[bench](cfg.limit or None)
         check_context(backend, spec.make, tasks, params, bench)
         results: list = []
-        res = evaluate(backend, spec.make, tasks, params, samples=samples, ks=tuple(cfg.k), seed=cfg.seed, label=bench,
-                       results=results)
+        res = evaluate(
+            backend,
+            spec.make,
+            tasks,
+            params,
+            samples=samples,
+            ks=tuple(cfg.k),
+            seed=cfg.seed,
+            label=bench,
+            results=results,
+        )
         rows.append({"benchmark": bench, **res})
         if out:
             with open(out / "samples.jsonl", "a", encoding="utf-8") as fh:
@@ -291,23 +306,51 @@ def _propositions(cfg, yaml_text: str) -> None:
 def _config_classes() -> dict[str, tuple[str, object, str | None, str]]:
     """command -> (config class as 'module:Class', runner, positional key, one-line help); imported on use."""
     return {
-        "train": ("trace_rl.train.trainer:TrainConfig", _train, None,
-                  "train an LM agent with TRACE (the main job; tiny CPU policy by default)"),
-        "compare": ("trace_rl.train.compare:CompareConfig", _compare, None,
-                    "train with several methods and seeds at equal budget; table and plots"),
-        "simulate": ("trace_rl.testbed.simulate:SimulateConfig", _simulate, None,
-                     "compare methods on the synthetic testbed at equal budget"),
-        "sft": ("trace_rl.train.sft:SFTConfig", _sft, None,
-                "warm-start a policy on the built-in task's demonstrations and cache it"),
-        "rollout": ("trace_rl.rollout.compare:RolloutConfig", _rollout, None,
-                    "grow trees from a frozen policy with several methods"),
+        "train": (
+            "trace_rl.train.trainer:TrainConfig",
+            _train,
+            None,
+            "train an LM agent with TRACE (the main job; tiny CPU policy by default)",
+        ),
+        "compare": (
+            "trace_rl.train.compare:CompareConfig",
+            _compare,
+            None,
+            "train with several methods and seeds at equal budget; table and plots",
+        ),
+        "simulate": (
+            "trace_rl.testbed.simulate:SimulateConfig",
+            _simulate,
+            None,
+            "compare methods on the synthetic testbed at equal budget",
+        ),
+        "sft": (
+            "trace_rl.train.sft:SFTConfig",
+            _sft,
+            None,
+            "warm-start a policy on the built-in task's demonstrations and cache it",
+        ),
+        "rollout": (
+            "trace_rl.rollout.compare:RolloutConfig",
+            _rollout,
+            None,
+            "grow trees from a frozen policy with several methods",
+        ),
         "eval": ("trace_rl.cli:EvalConfig", _eval, None, "accuracy of a model on an environment's benchmarks"),
         "view": ("trace_rl.cli:ViewConfig", _view, "trees", "write an HTML page that shows each prompt's tree"),
         "diagnose": ("trace_rl.cli:DiagnoseConfig", _diagnose, "run_dir", "predictor quality by depth for a run"),
-        "serve-retriever": ("trace_rl.cli:ServeRetrieverConfig", _serve_retriever, None,
-                            "a Search-R1-compatible /retrieve server"),
-        "propositions": ("trace_rl.cli:PropositionsConfig", _propositions, None,
-                         "check the paper's Propositions 1 and 2"),
+        "serve-retriever": (
+            "trace_rl.cli:ServeRetrieverConfig",
+            _serve_retriever,
+            None,
+            "a Search-R1-compatible /retrieve server",
+        ),
+        "propositions": (
+            "trace_rl.cli:PropositionsConfig",
+            _propositions,
+            None,
+            "check the paper's Propositions 1 and 2",
+        ),
     }
 
 
@@ -355,8 +398,13 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text(cls, command))
         return 0
     if positional:  # bare words that are not a flag's value
-        bare = [i for i, a in enumerate(rest) if "=" not in a and not a.startswith("-")
-                and not (i > 0 and rest[i - 1].startswith("--") and "=" not in rest[i - 1])]
+        bare = [
+            i
+            for i, a in enumerate(rest)
+            if "=" not in a
+            and not a.startswith("-")
+            and not (i > 0 and rest[i - 1].startswith("--") and "=" not in rest[i - 1])
+        ]
         if bare:
             value = ",".join(rest[i] for i in bare)
             rest = [a for i, a in enumerate(rest) if i not in bare] + [f"{positional}={value}"]

@@ -20,8 +20,13 @@ from pathlib import Path
 from typing import Any
 
 # old flag spellings whose last name is not the new key's
-FLAG_ALIASES = {"mix": "env.difficulty_mix", "predictor_warmup": "predictor.warmup", "predictor": "predictor.kind",
-                "minutes": "sft.max_minutes", "max_steps": "steps"}
+FLAG_ALIASES = {
+    "mix": "env.difficulty_mix",
+    "predictor_warmup": "predictor.warmup",
+    "predictor": "predictor.kind",
+    "minutes": "sft.max_minutes",
+    "max_steps": "steps",
+}
 
 
 class ConfigError(ValueError):

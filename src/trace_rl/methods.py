@@ -120,7 +120,9 @@ def allocate_method_roots(method: Method, v: np.ndarray, plan: BudgetPlan, seed:
     return m
 
 
-def allocate_method_prefixes(method: Method, flip_prob: np.ndarray, budget: int, rng: np.random.Generator) -> np.ndarray:
+def allocate_method_prefixes(
+    method: Method, flip_prob: np.ndarray, budget: int, rng: np.random.Generator
+) -> np.ndarray:
     """Continuations per anchor of one prompt: exact TRACE optimum or uniformly random branch points."""
     flip_prob = np.asarray(flip_prob, dtype=np.float64)
     if method.prefix == "none" or flip_prob.size == 0:

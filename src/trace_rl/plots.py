@@ -199,7 +199,12 @@ def plot_panels(
 
 
 def metric_figure(
-    panels: dict[str, Runs], key: str, title: str, smooth: int = 1, band: str = "minmax", ylabel: str | None = None,
+    panels: dict[str, Runs],
+    key: str,
+    title: str,
+    smooth: int = 1,
+    band: str = "minmax",
+    ylabel: str | None = None,
     xlabel: str = "step",
 ):
     """The matplotlib Figure that `plot_panels` saves; whoever calls this closes it (plt.close)."""

@@ -20,7 +20,10 @@ def test_histories_grow_token_by_token_and_match_a_full_render():
     run_lockstep([ep], ScriptedBackend(tok, lambda t, i: scripted_calc(t, i)), SamplingParams(max_new_tokens=64), fmt)
     assert ep.done and ep.reward == 1.0 and len(ep.turns) == 4
     assert len(ep.token_ids) == prompt_len + sum(len(t.token_ids) for t in ep.turns)
-    messages = [{"role": "system", "content": CalculatorEnv().system_prompt()}, {"role": "user", "content": task["question"]}]
+    messages = [
+        {"role": "system", "content": CalculatorEnv().system_prompt()},
+        {"role": "user", "content": task["question"]},
+    ]
     for t in ep.turns:
         messages.append({"role": "assistant", "content": t.action})
         if not t.done:
@@ -28,7 +31,7 @@ def test_histories_grow_token_by_token_and_match_a_full_render():
     rendered = tok.apply_chat_template(messages, tokenize=False)
     assert tok.decode(ep.token_ids) + "\n" == rendered  # same text as rendering the whole chat at once
     for t in ep.turns:
-        assert t.loss_mask[: len(t.logprobs)] == [1] * len(t.logprobs) and not any(t.loss_mask[len(t.logprobs):])
+        assert t.loss_mask[: len(t.logprobs)] == [1] * len(t.logprobs) and not any(t.loss_mask[len(t.logprobs) :])
 
 
 def test_template_without_chat_template_is_a_clear_error():

@@ -121,7 +121,9 @@ def test_next_turn_encodes_only_new_tokens_and_matches_a_plain_forward(backend):
     # a continuation from an earlier turn's prefix (stage 2 forks there) reuses it too
     fork = prompts[1] + gens[1].token_ids + tok(" other", add_special_tokens=False).input_ids
     g = backend.generate([fork] * 2, params, seed=6)[0]
-    assert g.prefix_tokens_computed == len(fork) - len(prompts[1]) - len(gens[1].token_ids) + (gens[1].stop_reason == "stop")
+    assert g.prefix_tokens_computed == len(fork) - len(prompts[1]) - len(gens[1].token_ids) + (
+        gens[1].stop_reason == "stop"
+    )
     assert max(abs(x - y) for x, y in zip(full_logprobs(backend, fork, g), g.logprobs)) < 1e-3
 
 

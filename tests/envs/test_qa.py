@@ -86,8 +86,16 @@ def test_dense_retriever_with_a_tiny_local_encoder(tmp_path):
     from trace_rl.lm.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
-    BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, pad_token_id=tok.pad_token_id)).save_pretrained(tmp_path / "enc")
+    BertModel(
+        BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            pad_token_id=tok.pad_token_id,
+        )
+    ).save_pretrained(tmp_path / "enc")
     tok.save_pretrained(tmp_path / "enc")
     passages = [Passage(str(i), t, " ".join(s)) for i, (t, s) in enumerate(CORPUS.items())]
     r = DenseRetriever(passages, encoder=str(tmp_path / "enc"))

@@ -145,7 +145,8 @@ def test_root_owned_host_files_are_absent():
         (  # fork_exec(call_setsid=True), keeping stdout open: what blocked communicate() before
             "import subprocess, sys\nsubprocess.Popen(['sleep', '30'], start_new_session=True, stdout=sys.stdout)\n"
         ),
-        "import ctypes\nlibc = ctypes.CDLL(None)\nif libc.fork() == 0:\n    libc.setsid()\n    import time; time.sleep(30)\n",
+        "import ctypes\nlibc = ctypes.CDLL(None)\nif libc.fork() == 0:\n"
+        "    libc.setsid()\n    import time; time.sleep(30)\n",
         "import os\nif os.fork() == 0:\n    os.setsid()\n    import time; time.sleep(30)\n",
     ],
     ids=["popen-setsid", "ctypes-fork", "os-fork"],
@@ -176,7 +177,8 @@ def test_no_connection_tcp_udp_ctypes_or_dns():
             "    try: f(); print(label, 'SUCCEEDED')\n"
             "    except Exception as e: print(label, type(e).__name__)\n"
             f"attempt('tcp', lambda: socket.create_connection(('127.0.0.1', {tport}), 1))\n"
-            f"attempt('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', {uport})))\n"
+            "attempt('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+            f".sendto(b'x', ('127.0.0.1', {uport})))\n"
             "attempt('dns', lambda: socket.getaddrinfo('example.com', 80))\n"
             "libc = ctypes.CDLL(None, use_errno=True)\n"
             "fd = libc.socket(2, 1, 0)\n"

@@ -19,6 +19,7 @@ def test_word_tokenizer_keeps_words_whole_and_digits_single():
 
 def test_word_tokenizer_has_a_chat_template():
     tok = word_tokenizer()
-    text = tok.apply_chat_template([{"role": "user", "content": "Compute 1 +2 left to right."}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Compute 1 +2 left to right."}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith("<|im_start|>assistant\n")

@@ -13,8 +13,13 @@ def grown_tree(idx=0, question="Compute 3 +4 left to right."):
     tree = RolloutTree(idx, prompt={"question": question})
     for j in range(3):
         a = tree.add_turn(str(idx), action=f"Action: calc[3+{j}]", observation=f"{3 + j}. Next: answer")
-        b = tree.add_turn(a.node_id, action=f"Action: answer[{3 + j}]", observation="Correct." if j == 1 else "Wrong.",
-                          terminal=True, reward=float(j == 1))
+        b = tree.add_turn(
+            a.node_id,
+            action=f"Action: answer[{3 + j}]",
+            observation="Correct." if j == 1 else "Wrong.",
+            terminal=True,
+            reward=float(j == 1),
+        )
         assert b
     tree.compute_targets()
     return tree
@@ -24,8 +29,15 @@ def causal_critic(**kw):
     from transformers import LlamaConfig, LlamaModel
 
     tok = byte_tokenizer()
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     critic = LMCritic(LlamaModel(cfg), tok, **kw)
     torch.nn.init.normal_(critic.head.weight, std=1.0)  # a non-constant head, so scores differ by prefix
@@ -70,8 +82,14 @@ def test_encoder_backbone_and_save_load(tmp_path):
     from transformers import BertConfig, BertModel
 
     tok = byte_tokenizer()
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                     num_attention_heads=2, pad_token_id=tok.pad_token_id)
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        pad_token_id=tok.pad_token_id,
+    )
     critic = LMCritic(BertModel(cfg), tok, lr=0.05)
     assert not critic.causal
     tree = grown_tree(0)

@@ -54,8 +54,12 @@ def test_trees_carry_tokens_masks_logprobs_and_rewards(tok):
             assert "Compute " in text and "Action: " in text
         assert tree.root.predicted is not None
     branched = [n for t in active for n in t.turns() if n.origin == BRANCH]
-    assert branched and all(t[n.parent_id].predicted is not None for t in active for n in t.turns()
-                            if n.origin == BRANCH and t[n.parent_id].origin != BRANCH)
+    assert branched and all(
+        t[n.parent_id].predicted is not None
+        for t in active
+        for n in t.turns()
+        if n.origin == BRANCH and t[n.parent_id].origin != BRANCH
+    )
 
 
 def test_stage2_of_a_fast_prompt_starts_before_a_slow_prompt_finishes(tok):

@@ -16,8 +16,14 @@ from trace_rl.testbed.env import TestbedConfig, make_tasks  # noqa: E402
 from trace_rl.testbed.policy import SoftmaxPolicy  # noqa: E402
 from trace_rl.testbed.simulate import SimulateConfig, run_simulation  # noqa: E402
 
-SMALL = dict(steps=2, train_tasks=64, eval_tasks=16, eval_every=2, progress=False,
-             budget=BudgetPlan(prompts=4, rollouts_per_prompt=4, pool_factor=2, max_per_prompt=4))
+SMALL = dict(
+    steps=2,
+    train_tasks=64,
+    eval_tasks=16,
+    eval_every=2,
+    progress=False,
+    budget=BudgetPlan(prompts=4, rollouts_per_prompt=4, pool_factor=2, max_per_prompt=4),
+)
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +31,13 @@ def executor():
     # the workers import this module (DyingActor) and helpers_calc by name: put tests/ on their path
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
     ex = RayExecutor(RayConfig(workers=2))
     yield ex
     ray.shutdown()
@@ -38,8 +49,9 @@ def _untimed(res):
 
 def test_simulate_on_ray_gives_the_local_trees(executor, tmp_path):
     local = run_simulation(SimulateConfig(methods=["grpo", "trace"], seed=2, **SMALL), out=tmp_path / "local")
-    remote = run_simulation(SimulateConfig(methods=["grpo", "trace"], seed=2, executor="ray", **SMALL),
-                            out=tmp_path / "ray")
+    remote = run_simulation(
+        SimulateConfig(methods=["grpo", "trace"], seed=2, executor="ray", **SMALL), out=tmp_path / "ray"
+    )
     assert _untimed(local) == _untimed(remote)
 
 
@@ -99,6 +111,7 @@ def test_lm_rollouts_on_ray_match_the_local_executor(executor):
         backend = ScriptedBackend(tok, lambda text, i: scripted_calc(text, len(text), 3))
         actor = LMActor(backend, CalculatorEnv, SamplingParams(max_new_tokens=64))
         res = TreeRolloutEngine(actor, light_text_predictor(), plan, seed=1, executor=ex).grow(
-            tasks, get_method("trace"), 0)
+            tasks, get_method("trace"), 0
+        )
         out.append([(t.root_id, n.node_id, n.token_ids, n.reward) for t in res.trees for n in t.nodes.values()])
     assert out[0] == out[1]

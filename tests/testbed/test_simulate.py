@@ -7,8 +7,14 @@ from trace_rl.rollout.records import format_table, summarize
 from trace_rl.testbed.propositions import check_propositions
 from trace_rl.testbed.simulate import SimulateConfig, run_simulation
 
-SMALL = dict(steps=4, train_tasks=128, eval_tasks=32, eval_every=2, progress=False,
-             budget=BudgetPlan(prompts=8, rollouts_per_prompt=4, pool_factor=3, max_per_prompt=6))
+SMALL = dict(
+    steps=4,
+    train_tasks=128,
+    eval_tasks=32,
+    eval_every=2,
+    progress=False,
+    budget=BudgetPlan(prompts=8, rollouts_per_prompt=4, pool_factor=3, max_per_prompt=6),
+)
 
 
 def _strip(res):
@@ -38,8 +44,10 @@ def test_equal_budget_and_outputs(tmp_path):
     assert len(lines) == len(methods) * SMALL["steps"]
     first = json.loads(lines[0])
     assert first["method"] == "grpo" and "rollout/effective_ratio" in first and "timing_s/generate" in first
-    assert all(k in ("method", "step", "seed") or k.split("/")[0] in ("rollout", "alloc", "predictor", "timing_s",
-                                                                         "eval") for k in first)
+    assert all(
+        k in ("method", "step", "seed") or k.split("/")[0] in ("rollout", "alloc", "predictor", "timing_s", "eval")
+        for k in first
+    )
     saved = (tmp_path / "trees_trace.jsonl").read_text().splitlines()
     assert saved and json.loads(saved[0])["method"] == "trace"
     rows = summarize(res)

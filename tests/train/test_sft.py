@@ -30,8 +30,15 @@ def test_one_seed_gives_one_model():
     weights = []
     for _ in range(2):
         model, tok = create_tiny_model(hidden=32, layers=1, heads=2, seed=3)
-        train_sft(model, tok, make_tasks(16, seed=2), max_steps=6,
-                  params=SFTParams(batch_size=2, lr=5e-3, warmup_steps=1), seed=4, log_every=0)
+        train_sft(
+            model,
+            tok,
+            make_tasks(16, seed=2),
+            max_steps=6,
+            params=SFTParams(batch_size=2, lr=5e-3, warmup_steps=1),
+            seed=4,
+            log_every=0,
+        )
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert torch.equal(weights[0], weights[1])
 
@@ -41,6 +48,7 @@ def test_default_trains_by_steps_and_a_cap_reports_an_early_stop():
     tasks = make_tasks(16, seed=2, steps=(1,), digits=(1,))
     full = train_sft(model, tok, tasks, max_steps=3, params=SFTParams(batch_size=2), log_every=0)
     assert full["steps"] == 3 and not full["stopped_early"]  # no wall-clock cap by default
-    capped = train_sft(model, tok, tasks, max_steps=10_000, params=SFTParams(batch_size=2, max_minutes=1e-6),
-                       log_every=0)
+    capped = train_sft(
+        model, tok, tasks, max_steps=10_000, params=SFTParams(batch_size=2, max_minutes=1e-6), log_every=0
+    )
     assert capped["stopped_early"] and capped["steps"] < 10_000

@@ -15,9 +15,19 @@ pytest.importorskip("transformers")
 
 from trace_rl.cli import main  # noqa: E402
 
-SMALL = ["policy.model=random-tiny", "budget.prompts=2", "budget.rollouts_per_prompt=2", "budget.pool_factor=2",
-         "budget.max_per_prompt=2", "policy.max_new_tokens=12", "eval_tasks=4", "eval_samples=2", "eval_every=1",
-         "progress=false", "logger=[jsonl]"]
+SMALL = [
+    "policy.model=random-tiny",
+    "budget.prompts=2",
+    "budget.rollouts_per_prompt=2",
+    "budget.pool_factor=2",
+    "budget.max_per_prompt=2",
+    "policy.max_new_tokens=12",
+    "eval_tasks=4",
+    "eval_samples=2",
+    "eval_every=1",
+    "progress=false",
+    "logger=[jsonl]",
+]
 
 
 def records(run: Path) -> list[dict]:
@@ -34,8 +44,15 @@ def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
     assert (full / "global_step_2" / "config.json").exists() and (full / "global_step_2" / "optimizer.pt").exists()
     recs = records(full)
     assert [r["step"] for r in recs] == [0, 1]
-    for key in ("train/loss", "train/clip_frac", "train/kl", "train/grad_norm", "eval/accuracy",
-                "rollout/effective_ratio", "timing_s/update"):
+    for key in (
+        "train/loss",
+        "train/clip_frac",
+        "train/kl",
+        "train/grad_norm",
+        "eval/accuracy",
+        "rollout/effective_ratio",
+        "timing_s/update",
+    ):
         assert key in recs[-1], key
     assert main(["train", *SMALL, "steps=1", "seed=0", f"out={part}"]) == 0
     assert main(["train", *SMALL, "steps=2", "seed=0", f"out={part}", "resume=true"]) == 0
@@ -67,10 +84,19 @@ def test_a_kill_in_the_middle_of_a_checkpoint_write_leaves_a_run_that_resumes(tm
     run = tmp_path / "run"
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2] / "src"),
-                                                          os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script), "train", *SMALL, "steps=3", "save_every=1", f"out={run}"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[2] / "src"), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), "train", *SMALL, "steps=3", "save_every=1", f"out={run}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == -signal.SIGKILL
     assert (run / "global_step_1").is_dir() and not (run / "global_step_2").exists()
     assert list(run.glob(".tmp-global_step_2*"))  # the half-written one is there, under its temporary name

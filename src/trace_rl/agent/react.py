@@ -23,15 +23,19 @@ class ChatFormat:
             raise ValueError("the tokenizer has no chat template; the ReAct agent needs one")
         self.tok = tokenizer
         self.observation_prefix = observation_prefix
-        base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
+        base = [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "A"},
+        ]
         one = self._render(base, False)
         two = self._render(base + [{"role": "user", "content": _PLACEHOLDER}], True)
         if not two.startswith(one) or _PLACEHOLDER not in two:
             raise ValueError("cannot split the chat template into turns (it rewrites earlier messages)")
-        after_assistant = one[one.rindex("A") + 1:]
+        after_assistant = one[one.rindex("A") + 1 :]
         eos = tokenizer.eos_token or ""
-        glue = after_assistant[len(eos):] if eos and after_assistant.startswith(eos) else after_assistant
-        head, tail = (glue + two[len(one):]).split(_PLACEHOLDER)
+        glue = after_assistant[len(eos) :] if eos and after_assistant.startswith(eos) else after_assistant
+        head, tail = (glue + two[len(one) :]).split(_PLACEHOLDER)
         self.obs_head, self.obs_tail = head, tail
 
     def _render(self, messages, gen: bool) -> str:
@@ -43,7 +47,13 @@ class ChatFormat:
 
     def observation_ids(self, observation: str, closed: bool) -> list[int]:
         """Ids to append after an assistant turn; `closed` says the turn already ended with the eos token."""
-        text = ("" if closed else self.tok.eos_token or "") + self.obs_head + self.observation_prefix + observation + self.obs_tail
+        text = (
+            ("" if closed else self.tok.eos_token or "")
+            + self.obs_head
+            + self.observation_prefix
+            + observation
+            + self.obs_tail
+        )
         return self.tok(text, add_special_tokens=False).input_ids
 
 
@@ -72,8 +82,9 @@ class Episode:
     key: str = ""  # the tree it belongs to: backends that route requests keep a tree on one engine
 
     def fork(self) -> "Episode":
-        return Episode(self.env.fork(), list(self.token_ids), list(self.turns), self.done, self.reward, self.seed,
-                       self.key)
+        return Episode(
+            self.env.fork(), list(self.token_ids), list(self.turns), self.done, self.reward, self.seed, self.key
+        )
 
 
 def start_episode(env: AgentEnv, task: dict, fmt: ChatFormat) -> Episode:
@@ -89,9 +100,13 @@ def apply_generation(ep: Episode, gen, fmt: ChatFormat) -> Turn:
     thought, _, action = text.partition("Action:")
     obs_ids = [] if done else fmt.observation_ids(obs, closed)
     turn = Turn(
-        thought=thought.replace("Thought:", "").strip(), action=("Action:" + action).strip() if action else text.strip(),
-        observation=obs, token_ids=list(gen.token_ids) + obs_ids,
-        loss_mask=[1] * len(gen.token_ids) + [0] * len(obs_ids), logprobs=list(gen.logprobs), reward=reward if done else None,
+        thought=thought.replace("Thought:", "").strip(),
+        action=("Action:" + action).strip() if action else text.strip(),
+        observation=obs,
+        token_ids=list(gen.token_ids) + obs_ids,
+        loss_mask=[1] * len(gen.token_ids) + [0] * len(obs_ids),
+        logprobs=list(gen.logprobs),
+        reward=reward if done else None,
         done=done,
     )
     ep.token_ids.extend(turn.token_ids)

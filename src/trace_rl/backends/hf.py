@@ -44,7 +44,8 @@ class HFBackend(VersionedBackend):
         # (weight version, token ids) -> (kv, last logits); a version bump makes every entry unreachable
         self._prefix_cache: OrderedDict[tuple[int, tuple[int, ...]], tuple[object, object]] = OrderedDict()
         self.prefix_cache_size = prefix_cache_size
-        # per-sequence KV of earlier calls (prompt + what was fed of its generation), keyed by (version, length, hash), so
+        # per-sequence KV of earlier calls (prompt + what was fed of its generation), keyed by
+        # (version, length, hash), so
         # the next turn of an episode encodes only its new tokens; bounded in bytes, least recently used out
         self._rows: OrderedDict[tuple[int, int, int], tuple[tuple[int, ...], list]] = OrderedDict()
         self._row_lengths: dict[int, int] = {}
@@ -77,7 +78,7 @@ class HFBackend(VersionedBackend):
             cache, logits = DynamicCache(), None
             for i, (k, v) in enumerate(row[1]):
                 cache.update(k, v, i)
-        todo = shared[len(best):]
+        todo = shared[len(best) :]
         if todo:
             ids = torch.tensor([todo], device=self.device)
             pos = torch.arange(len(best), len(shared), device=self.device)[None]
@@ -125,7 +126,9 @@ class HFBackend(VersionedBackend):
             inv = np.uint64(pow(int(cls._P), -1, 2**64))
             with np.errstate(over="ignore"):
                 cls._powers = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, cls._P, dtype=np.uint64))])
-                cls._inverse_powers = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, inv, dtype=np.uint64))])
+                cls._inverse_powers = np.concatenate(
+                    [[np.uint64(1)], np.cumprod(np.full(size - 1, inv, dtype=np.uint64))]
+                )
         with np.errstate(over="ignore"):
             t = np.asarray(seq, dtype=np.uint64) + np.uint64(1)
             return np.cumsum(t * cls._inverse_powers[:n]) * cls._powers[:n]
@@ -155,7 +158,7 @@ class HFBackend(VersionedBackend):
             key = (self.weight_version, len(seq), int(self._hashes(seq)[-1]))
             if key in self._rows:
                 continue
-            kv = [(layer.keys[i: i + 1, :, col], layer.values[i: i + 1, :, col]) for layer in cache.layers]
+            kv = [(layer.keys[i : i + 1, :, col], layer.values[i : i + 1, :, col]) for layer in cache.layers]
             self._rows[key] = (tuple(seq), kv)
             self._row_lengths[len(seq)] = self._row_lengths.get(len(seq), 0) + 1
             self._row_bytes += self._nbytes(kv)
@@ -191,16 +194,22 @@ class HFBackend(VersionedBackend):
         tok = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
         return tok, logp.gather(-1, tok[:, None])[:, 0]
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generation]:
         torch = self.torch
         prompts = [list(p) for p in prompts]
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        uniforms = np.stack([np.random.default_rng(s).random(params.max_new_tokens)
-                             for s in row_seeds(len(prompts), seed, seeds)])
+        uniforms = np.stack(
+            [np.random.default_rng(s).random(params.max_new_tokens) for s in row_seeds(len(prompts), seed, seeds)]
+        )
 
         B = len(prompts)
         distinct: dict[tuple[int, ...], int] = {}
@@ -242,14 +251,18 @@ class HFBackend(VersionedBackend):
                     break
                 tok = tok.masked_fill(torch.tensor(done, device=self.device), self.pad_id)
                 mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1)
-                logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
-                                    cache=cache, use_cache=True).logits[:, -1, :]
+                logits = self.model(
+                    input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=cache, use_cache=True
+                ).logits[:, -1, :]
                 next_pos = next_pos + 1
         self.stats["generated_tokens"] += sum(len(o) for o in out_ids)
         # a row's last token is fed to the model unless it ended the row ("stop"): those are its cache columns
         fed = [len(o) - (r == "stop") for o, r in zip(out_ids, reason)]
-        self._store_rows([p + o[:f] for p, o, f in zip(prompts, out_ids, fed)], cache,
-                         [torch.cat([c, width0 + torch.arange(f, device=self.device)]) for c, f in zip(prompt_cols, fed)])
+        self._store_rows(
+            [p + o[:f] for p, o, f in zip(prompts, out_ids, fed)],
+            cache,
+            [torch.cat([c, width0 + torch.arange(f, device=self.device)]) for c, f in zip(prompt_cols, fed)],
+        )
         return [
             Generation(o, l, r, self.tokenizer.decode(o), prefix_tokens_computed=computed)
             for o, l, r in zip(out_ids, out_lp, reason)
@@ -284,15 +297,17 @@ class HFBackend(VersionedBackend):
         ids = torch.full((U, width), self.pad_id, dtype=torch.long)
         smask = torch.zeros((U, width), dtype=torch.long)
         for i, x in enumerate(suffixes):
-            ids[i, width - len(x):] = torch.tensor(x)
-            smask[i, width - len(x):] = 1
+            ids[i, width - len(x) :] = torch.tensor(x)
+            smask[i, width - len(x) :] = 1
         start = torch.tensor(starts)[:, None]
         pos = torch.maximum(start + smask.cumsum(-1) - 1, start)
         ids, pos = ids.to(self.device), pos.to(self.device)
         mask = torch.cat([mask, smask.to(self.device)], dim=1)
         computed += sum(len(x) for x in suffixes)
         with torch.no_grad():
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True).logits[:, -1, :]
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True
+            ).logits[:, -1, :]
         return cache, computed, logits, mask, pos[:, -1:] + 1
 
     def _assemble(self, sources: list[list], starts: list[int]):
@@ -308,12 +323,12 @@ class HFBackend(VersionedBackend):
             values = v0.new_zeros((len(starts), v0.shape[1], width, v0.shape[3]))
             for i, (src, st) in enumerate(zip(sources, starts)):
                 if st:
-                    keys[i, :, width - st:] = src[layer][0][0, :, :st]
-                    values[i, :, width - st:] = src[layer][1][0, :, :st]
+                    keys[i, :, width - st :] = src[layer][0][0, :, :st]
+                    values[i, :, width - st :] = src[layer][1][0, :, :st]
             cache.update(keys, values, layer)
         mask = torch.zeros((len(starts), width), dtype=torch.long, device=self.device)
         for i, st in enumerate(starts):
-            mask[i, width - st:] = 1
+            mask[i, width - st :] = 1
         return cache, mask
 
     def _hit_stop(self, ids: list[int], stops: tuple[str, ...]) -> bool:

@@ -122,7 +122,8 @@ class BFCLEnv:
             "You operate tools for the user. Each user message is a turn: make the calls it needs, then end the "
             "turn. If a request cannot be done with the tools or lacks information, make no call and end the turn.\n"
             "Actions: call[f(a=1), g(b='x')] runs calls in order; done[] ends the turn.\n"
-            "Example:\nList the files here.\nAction: call[ls()]\nObservation: {\"current_directory_content\": [\"a.txt\"]}\n"
+            "Example:\nList the files here.\nAction: call[ls()]\n"
+            'Observation: {"current_directory_content": ["a.txt"]}\n'
             f"Action: done[]\nAvailable functions:\n{tools}"
         )
 
@@ -210,8 +211,14 @@ class BFCLEnv:
         for node in nodes:
             name = node.func.id
             # functions hidden in miss_func are left out of the prompt but run when called, as in the runner
-            owner = next((o for o in self.instances.values() if hasattr(o, name)
-                          and not name.startswith("_") and inspect.ismethod(getattr(o, name))), None)
+            owner = next(
+                (
+                    o
+                    for o in self.instances.values()
+                    if hasattr(o, name) and not name.startswith("_") and inspect.ismethod(getattr(o, name))
+                ),
+                None,
+            )
             if owner is None:
                 results.append(f"Error: no function named {name!r} is available")
                 ok = False

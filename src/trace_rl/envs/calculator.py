@@ -37,8 +37,16 @@ def make_task(rng: np.random.Generator, steps: int, digits: int, index: int = 0)
     for op, b in ops:
         value = OPS[op][1](value, b)
     text = f"Compute {start} " + " ".join(f"{op}{b}" for op, b in ops) + " left to right."
-    return {"index": index, "question": text, "answer": str(value), "start": start, "ops": ops,
-            "steps": steps, "digits": digits, "data_source": "calculator"}
+    return {
+        "index": index,
+        "question": text,
+        "answer": str(value),
+        "start": start,
+        "ops": ops,
+        "steps": steps,
+        "digits": digits,
+        "data_source": "calculator",
+    }
 
 
 # The warm start sees demonstrations of chains up to 4 steps of up to 2-digit numbers; the RL mix (the default of
@@ -66,6 +74,7 @@ def solve(task: dict) -> list[str]:
 
 def safe_eval(expr: str) -> int:
     """Integer arithmetic (+ - * and parentheses) only; anything else raises ValueError."""
+
     def ev(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)

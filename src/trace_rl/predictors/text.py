@@ -77,13 +77,21 @@ class HashedTextFeatures:
             length = len(prompt) + sum(len(n.action) + len(n.observation) for n in path)
             longest = max(map(len, numbers), default=0)
             x[row, self.buckets + min(len(numbers), MAX_COUNT) * (MAX_DIGITS + 1) + min(longest, MAX_DIGITS)] = 1.0
-            x[row, self.buckets + SHAPES:] = (1.0, len(path) / 8.0, errors / max(len(path), 1), np.log1p(length) / 8.0,
-                                              len(numbers) / 8.0, longest / 4.0, min(unseen, 2) / 2.0)
+            x[row, self.buckets + SHAPES :] = (
+                1.0,
+                len(path) / 8.0,
+                errors / max(len(path), 1),
+                np.log1p(length) / 8.0,
+                len(numbers) / 8.0,
+                longest / 4.0,
+                min(unseen, 2) / 2.0,
+            )
         return x
 
 
-def light_text_predictor(buckets: int = 2048, lr: float = 0.3, epochs: int = 20, replay_steps: int = 32,
-                         seed: int = 0) -> OnlineLogisticPredictor:
+def light_text_predictor(
+    buckets: int = 2048, lr: float = 0.3, epochs: int = 20, replay_steps: int = 32, seed: int = 0
+) -> OnlineLogisticPredictor:
     """Near-full fits of a long replay window each step (20 epochs at lr 0.3).
 
     With a few dozen prompts a step, the class defaults (4 epochs at lr 0.05) fit too little: V~ stays near

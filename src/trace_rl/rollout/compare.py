@@ -76,14 +76,17 @@ class LMPredictorConfig:
         if not 0.0 <= self.prefix_share < 1.0:
             raise ValueError(f"prefix_share must be in [0, 1), got {self.prefix_share}")
         if self.warmup and not Path(self.warmup).is_file():
-            raise ValueError(f"warmup: no file {self.warmup} (trace-rl sft writes sft_eval_trees.jsonl beside the "
-                             "model; save_trees=true writes trees_<method>.jsonl)")
+            raise ValueError(
+                f"warmup: no file {self.warmup} (trace-rl sft writes sft_eval_trees.jsonl beside the "
+                "model; save_trees=true writes trees_<method>.jsonl)"
+            )
         if self.kind != "light":
             from ..lm.models import MINILM, SMOLLM2
 
             if self.kind not in (MINILM, SMOLLM2) and not Path(self.kind).exists() and self.kind.count("/") != 1:
-                raise ValueError(f"kind: {self.kind!r} is not 'light', {MINILM}, {SMOLLM2}, an existing path or a "
-                                 "hub id (org/name)")
+                raise ValueError(
+                    f"kind: {self.kind!r} is not 'light', {MINILM}, {SMOLLM2}, an existing path or a hub id (org/name)"
+                )
         if not self.critic_lr > 0 or self.critic_epochs < 1:
             raise ValueError("critic_lr must be > 0 and critic_epochs >= 1")
 
@@ -110,8 +113,9 @@ class LMEnvConfig:
         from ..envs.registry import get_env
 
         mix = {"steps": tuple(self.chain_steps), "digits": tuple(self.digits)}
-        return get_env(self.name, corpus=self.corpus or None, retriever_url=self.retriever_url or None,
-                       calculator_mix=mix)
+        return get_env(
+            self.name, corpus=self.corpus or None, retriever_url=self.retriever_url or None, calculator_mix=mix
+        )
 
 
 @dataclass
@@ -151,8 +155,10 @@ class RolloutConfig:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
-            raise ValueError(f"methods: unknown {unknown or 'none given'}; choose from "
-                             f"{', '.join(m for m in METHODS if METHODS[m].predictor != 'oracle')}")
+            raise ValueError(
+                f"methods: unknown {unknown or 'none given'}; choose from "
+                f"{', '.join(m for m in METHODS if METHODS[m].predictor != 'oracle')}"
+            )
         oracle = [m for m in self.methods if METHODS[m].predictor == "oracle"]
         if oracle:
             raise ValueError(f"methods: {oracle} need the exact V that only the testbed has (trace-rl simulate)")
@@ -174,8 +180,9 @@ def make_predictor(cfg: RolloutConfig, method, warmup: list):
     else:
         from ..predictors.lm_critic import LMCritic
 
-        pred = LMCritic(cfg.predictor.kind, lr=cfg.predictor.critic_lr, epochs=cfg.predictor.critic_epochs,
-                        seed=cfg.seed)
+        pred = LMCritic(
+            cfg.predictor.kind, lr=cfg.predictor.critic_lr, epochs=cfg.predictor.critic_epochs, seed=cfg.seed
+        )
     if warmup:  # every method's predictor sees the same trees before step 1
         pred.update(*training_examples(warmup, cfg.predictor.prefix_share, derive_rng(cfg.seed, "warmup")))
     return pred
@@ -191,12 +198,14 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
     if cfg.predictor.warmup and not warmup:
         raise ValueError(f"warmup: {cfg.predictor.warmup} holds no trees")
     if warmup:
-        print(f"predictor warm-up: {len(warmup)} trees, {sum(len(t.rewards()) for t in warmup)} rollouts from "
-              f"{cfg.predictor.warmup} (spent before this run, not counted in its budget)")
+        print(
+            f"predictor warm-up: {len(warmup)} trees, {sum(len(t.rewards()) for t in warmup)} rollouts from "
+            f"{cfg.predictor.warmup} (spent before this run, not counted in its budget)"
+        )
     backend = HFBackend.load(cfg.policy.model, device=cfg.policy.device)
     params = cfg.policy.sampling(spec.max_new_tokens)
     tasks = spec.train(cfg.budget.pool * cfg.steps, derive_seed(cfg.seed, "pools"))
-    pools = [tasks[i * cfg.budget.pool: (i + 1) * cfg.budget.pool] for i in range(cfg.steps)]
+    pools = [tasks[i * cfg.budget.pool : (i + 1) * cfg.budget.pool] for i in range(cfg.steps)]
     writer, preds = MetricsWriter(out / "metrics.jsonl"), MetricsWriter(out / "predictions.jsonl")
     for name in cfg.methods:
         (out / f"trees_{name}.jsonl").unlink(missing_ok=True)
@@ -209,8 +218,14 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
         for name in cfg.methods:
             method = get_method(name)
             actor = LMActor(backend, spec.make, params, cfg.engine.batching, cfg.engine.env_workers)
-            engine = TreeRolloutEngine(actor, make_predictor(cfg, method, warmup), cfg.budget, seed=cfg.seed,
-                                       prefix_share=cfg.predictor.prefix_share, executor=executor)
+            engine = TreeRolloutEngine(
+                actor,
+                make_predictor(cfg, method, warmup),
+                cfg.budget,
+                seed=cfg.seed,
+                prefix_share=cfg.predictor.prefix_share,
+                executor=executor,
+            )
             records = results.setdefault(name, [])
             for step, pool in enumerate(pools):
                 result = engine.grow(pool, method, step)
@@ -220,13 +235,19 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
                 for rec in node_records(result.active):
                     preds.write({"method": name, "step": step, **rec})
                 if cfg.save_trees:
-                    save_trees(out / f"trees_{name}.jsonl", result.active, append=True,
-                               extra={"method": name, "step": step})
+                    save_trees(
+                        out / f"trees_{name}.jsonl", result.active, append=True, extra={"method": name, "step": step}
+                    )
                 if cfg.progress:
                     er = sum(r["rollout/effective_ratio"] for r in records) / len(records)
                     tokens = sum(r["rollout/generated_tokens"] for r in records)
-                    print(f"\r{name:<18} step {step + 1}/{cfg.steps}  effective ratio (running mean) {er:.3f}  "
-                          f"tokens {tokens:,}", end="", file=sys.stderr, flush=True)
+                    print(
+                        f"\r{name:<18} step {step + 1}/{cfg.steps}  effective ratio (running mean) {er:.3f}  "
+                        f"tokens {tokens:,}",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             if cfg.progress:
                 print(file=sys.stderr)
     finally:

@@ -146,8 +146,17 @@ class PromptJob:
     rollouts: int
 
 
-async def grow_prompt(actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int,
-                      job: PromptJob, clock: Clock, t0: float) -> PromptResult:
+async def grow_prompt(
+    actor: Actor,
+    predictor: Predictor,
+    plan: BudgetPlan,
+    method: Method,
+    seed: int,
+    step: int,
+    job: PromptJob,
+    clock: Clock,
+    t0: float,
+) -> PromptResult:
     """Bare rollouts of one prompt, then its stage 2 as soon as they end. Every random draw comes from streams
     named by (seed, step, prompt), so the result does not depend on where or when it runs."""
     i, tree, mi = job.index, job.tree, job.rollouts
@@ -157,8 +166,9 @@ async def grow_prompt(actor: Actor, predictor: Predictor, plan: BudgetPlan, meth
         episodes = actor.start(tree, job.task, seeds)
         snapshots: dict[str, object] = {}
         out.bare_rollouts = mi
-        out.generated_tokens = await _lockstep(actor, tree, episodes, [tree.root_id] * mi, BARE,
-                                               snapshots if method.branches else None)
+        out.generated_tokens = await _lockstep(
+            actor, tree, episodes, [tree.root_id] * mi, BARE, snapshots if method.branches else None
+        )
         out.events.append(("bare_done", i, time.perf_counter() - t0))
         if not method.branches:
             return out
@@ -192,8 +202,9 @@ async def grow_prompt(actor: Actor, predictor: Predictor, plan: BudgetPlan, meth
         actor.end_prompt()
 
 
-async def _lockstep(actor: Actor, tree: RolloutTree, episodes: list, parents: list[str], origin: str,
-                    snapshots: dict | None) -> int:
+async def _lockstep(
+    actor: Actor, tree: RolloutTree, episodes: list, parents: list[str], origin: str, snapshots: dict | None
+) -> int:
     """Advance `episodes` one turn at a time until all are done, appending each turn under its parent."""
     generated = 0
     while True:
@@ -204,8 +215,9 @@ async def _lockstep(actor: Actor, tree: RolloutTree, episodes: list, parents: li
         for j, fields in zip(live, turns):
             ep = episodes[j]
             generated += len(fields.get("logprobs", ()))
-            node = tree.add_turn(parents[j], origin=origin, terminal=ep.done,
-                                 reward=float(ep.reward) if ep.done else None, **fields)
+            node = tree.add_turn(
+                parents[j], origin=origin, terminal=ep.done, reward=float(ep.reward) if ep.done else None, **fields
+            )
             parents[j] = node.node_id
             if snapshots is not None and not ep.done:
                 snapshots[node.node_id] = actor.fork(ep, 0)  # the state to branch from later
@@ -214,11 +226,24 @@ async def _lockstep(actor: Actor, tree: RolloutTree, episodes: list, parents: li
 class LocalExecutor:
     """Runs every prompt of a step as an asyncio task in this process (the default)."""
 
-    async def run(self, actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int,
-                  jobs: list[PromptJob], clock: Clock, t0: float) -> list[PromptResult]:
+    async def run(
+        self,
+        actor: Actor,
+        predictor: Predictor,
+        plan: BudgetPlan,
+        method: Method,
+        seed: int,
+        step: int,
+        jobs: list[PromptJob],
+        clock: Clock,
+        t0: float,
+    ) -> list[PromptResult]:
         actor.begin_step(len(jobs), clock)
-        return list(await asyncio.gather(*(grow_prompt(actor, predictor, plan, method, seed, step, job, clock, t0)
-                                           for job in jobs)))
+        return list(
+            await asyncio.gather(
+                *(grow_prompt(actor, predictor, plan, method, seed, step, job, clock, t0) for job in jobs)
+            )
+        )
 
 
 EXECUTORS = ("local", "ray")
@@ -238,8 +263,16 @@ def make_executor(kind: str, ray_config=None):
 class TreeRolloutEngine:
     """Grows one step's trees over a candidate pool with a method, then updates the method's predictor."""
 
-    def __init__(self, actor: Actor, predictor: Predictor, plan: BudgetPlan, seed: int = 0,
-                 prefix_share: float = 0.5, update_predictor: bool = True, executor=None):
+    def __init__(
+        self,
+        actor: Actor,
+        predictor: Predictor,
+        plan: BudgetPlan,
+        seed: int = 0,
+        prefix_share: float = 0.5,
+        update_predictor: bool = True,
+        executor=None,
+    ):
         if not 0.0 <= prefix_share < 1.0:
             raise ValueError(f"prefix_share must be in [0, 1), got {prefix_share}")
         self.actor, self.predictor, self.plan, self.seed = actor, predictor, plan, seed
@@ -269,8 +302,9 @@ class TreeRolloutEngine:
             tree.root.predicted = float(vi)
 
         jobs = [PromptJob(i, trees[i], tasks[i], int(mi)) for i, mi in enumerate(m) if mi > 0]
-        done = await self.executor.run(self.actor, self.predictor, self.plan, method, self.seed, step, jobs, clock,
-                                       start)
+        done = await self.executor.run(
+            self.actor, self.predictor, self.plan, method, self.seed, step, jobs, clock, start
+        )
         for res in done:  # an executor in another process returns its own copy of the tree
             trees[res.index] = res.tree
             result.bare_rollouts += res.bare_rollouts

@@ -24,9 +24,19 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def evaluate(backend: PolicyBackend, make_env, tasks: list[dict], params: SamplingParams, samples: int = 1,
-             ks: tuple[int, ...] = (1,), batch: int = 64, seed: int = 0, label: str = "", progress: bool = True,
-             results: list | None = None) -> dict:
+def evaluate(
+    backend: PolicyBackend,
+    make_env,
+    tasks: list[dict],
+    params: SamplingParams,
+    samples: int = 1,
+    ks: tuple[int, ...] = (1,),
+    batch: int = 64,
+    seed: int = 0,
+    label: str = "",
+    progress: bool = True,
+    results: list | None = None,
+) -> dict:
     """pass@k for each k <= samples over `tasks` (pass@1 is the mean success of all samples). With `results`,
     one record per sample is appended to it: task index, sample, score, turns and the generated text."""
     fmt = ChatFormat(backend.tokenizer)
@@ -34,7 +44,7 @@ def evaluate(backend: PolicyBackend, make_env, tasks: list[dict], params: Sampli
     correct = np.zeros(len(tasks), dtype=int)
     bar = _bar(len(jobs), label, progress)
     for start in range(0, len(jobs), batch):
-        chunk = jobs[start: start + batch]
+        chunk = jobs[start : start + batch]
         episodes = [start_episode(make_env(), tasks[i], fmt) for i, _ in chunk]
 
         def on_turn(j, turn, ep, gen):
@@ -45,10 +55,17 @@ def evaluate(backend: PolicyBackend, make_env, tasks: list[dict], params: Sampli
         for (i, s), ep in zip(chunk, episodes):
             correct[i] += ep.reward > 0.5
             if results is not None:
-                results.append({"index": tasks[i].get("index", i), "sample": s, "score": float(ep.reward),
-                                "turns": len(ep.turns),
-                                "generation": [{"thought": t.thought, "action": t.action, "observation": t.observation}
-                                               for t in ep.turns]})
+                results.append(
+                    {
+                        "index": tasks[i].get("index", i),
+                        "sample": s,
+                        "score": float(ep.reward),
+                        "turns": len(ep.turns),
+                        "generation": [
+                            {"thought": t.thought, "action": t.action, "observation": t.observation} for t in ep.turns
+                        ],
+                    }
+                )
     bar.close()
     out = {"tasks": len(tasks), "samples": samples}
     for k in ks:
@@ -61,12 +78,20 @@ def _bar(total: int, label: str, enabled: bool):
     """A tqdm bar with an ETA on stderr (a no-op object when disabled)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=label or "eval", unit="episode", file=sys.stderr, disable=not enabled,
-                dynamic_ncols=True, leave=False)
+    return tqdm(
+        total=total,
+        desc=label or "eval",
+        unit="episode",
+        file=sys.stderr,
+        disable=not enabled,
+        dynamic_ncols=True,
+        leave=False,
+    )
 
 
-def success_by_difficulty(backend, tasks: list[dict], params: SamplingParams, seed: int = 0,
-                          batch: int = 64) -> tuple[dict, list[RolloutTree]]:
+def success_by_difficulty(
+    backend, tasks: list[dict], params: SamplingParams, seed: int = 0, batch: int = 64
+) -> tuple[dict, list[RolloutTree]]:
     fmt = ChatFormat(backend.tokenizer)
     episodes = [start_episode(CalculatorEnv(), t, fmt) for t in tasks]
     trees = [RolloutTree(i, prompt=t) for i, t in enumerate(tasks)]
@@ -75,11 +100,13 @@ def success_by_difficulty(backend, tasks: list[dict], params: SamplingParams, se
         tree.root.token_ids, tree.root.loss_mask = list(ep.token_ids), [0] * len(ep.token_ids)
 
     for i in range(0, len(episodes), batch):
+
         def on_turn(j, turn, ep, gen, i=i):
             heads[i + j] = record_turn(trees[i + j], heads[i + j], turn, ep, BARE, gen.stop_reason).node_id
 
-        run_lockstep(episodes[i: i + batch], backend, params, fmt, seed=derive_seed(seed, "report-chunk", i),
-                     on_turn=on_turn)
+        run_lockstep(
+            episodes[i : i + batch], backend, params, fmt, seed=derive_seed(seed, "report-chunk", i), on_turn=on_turn
+        )
     out = {"overall": float(np.mean([e.reward for e in episodes]))}
     turns = [t for e in episodes for t in e.turns]
     out["well_formed"] = float(np.mean([not t.observation.startswith(("Invalid", "Unknown", "Error")) for t in turns]))
@@ -98,5 +125,7 @@ def check_context(backend: PolicyBackend, make_env, tasks: list[dict], params: S
     for i, task in enumerate(tasks):
         n = len(start_episode(make_env(), task, fmt).token_ids)
         if n + params.max_new_tokens > limit:
-            raise ValueError(f"{label}: task {i} has a {n}-token prompt; with max_new_tokens={params.max_new_tokens} "
-                             f"it exceeds the model's {limit} positions (use a model with a longer context)")
+            raise ValueError(
+                f"{label}: task {i} has a {n}-token prompt; with max_new_tokens={params.max_new_tokens} "
+                f"it exceeds the model's {limit} positions (use a model with a longer context)"
+            )

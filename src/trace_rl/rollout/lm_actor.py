@@ -83,7 +83,7 @@ class _MicroBatcher:
             self.running = False
         i = 0
         for prompts, _, _, fut in batch:
-            fut.set_result(gens[i: i + len(prompts)])
+            fut.set_result(gens[i : i + len(prompts)])
             i += len(prompts)
         self._kick()
 
@@ -91,8 +91,14 @@ class _MicroBatcher:
 class LMActor:
     """Samples ReAct turns from `backend` in `env_factory()` environments."""
 
-    def __init__(self, backend: PolicyBackend, env_factory: Callable[[], AgentEnv], params: SamplingParams,
-                 batching: str = "round", env_workers: int = 8):
+    def __init__(
+        self,
+        backend: PolicyBackend,
+        env_factory: Callable[[], AgentEnv],
+        params: SamplingParams,
+        batching: str = "round",
+        env_workers: int = 8,
+    ):
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         if env_workers < 1:
@@ -141,11 +147,19 @@ class LMActor:
         gens = await self.batcher.generate([ep.token_ids for ep in episodes], seeds, [ep.key for ep in episodes])
         loop = asyncio.get_running_loop()
         pool = self._pool()
-        turns = await asyncio.gather(*(loop.run_in_executor(pool, self._step, ep, gen)
-                                       for ep, gen in zip(episodes, gens)))
+        turns = await asyncio.gather(
+            *(loop.run_in_executor(pool, self._step, ep, gen) for ep, gen in zip(episodes, gens))
+        )
         return [
-            {"thought": t.thought, "action": t.action, "observation": t.observation, "token_ids": t.token_ids,
-             "loss_mask": t.loss_mask, "logprobs": t.logprobs, "info": {"stop_reason": gen.stop_reason}}
+            {
+                "thought": t.thought,
+                "action": t.action,
+                "observation": t.observation,
+                "token_ids": t.token_ids,
+                "loss_mask": t.loss_mask,
+                "logprobs": t.logprobs,
+                "info": {"stop_reason": gen.stop_reason},
+            }
             for t, gen in zip(turns, gens)
         ]
 

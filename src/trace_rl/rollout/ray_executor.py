@@ -38,8 +38,9 @@ class RayConfig:
             raise ValueError(f"workers must be >= 1 and max_retries >= 0, got {self.workers}, {self.max_retries}")
 
 
-def _grow_in_worker(actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int,
-                    job: PromptJob) -> tuple[PromptResult, dict]:
+def _grow_in_worker(
+    actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int, job: PromptJob
+) -> tuple[PromptResult, dict]:
     clock = Clock()
     actor.begin_step(1, clock)
     result = asyncio.run(grow_prompt(actor, predictor, plan, method, seed, step, job, clock, time.perf_counter()))
@@ -55,16 +56,30 @@ class RayExecutor:
             if self.config.address:
                 ray.init(address=self.config.address, log_to_driver=False)
             else:  # local, loopback only, no dashboard
-                ray.init(num_cpus=self.config.workers, include_dashboard=False, log_to_driver=False,
-                         _node_ip_address="127.0.0.1")
+                ray.init(
+                    num_cpus=self.config.workers,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    _node_ip_address="127.0.0.1",
+                )
         self.ray = ray
         # num_cpus=0: workers are placed however many executors share the cluster (each holds its own pool)
         self._worker_cls = ray.remote(num_cpus=0, max_restarts=0)(_Worker)
         self.workers = [self._worker_cls.remote() for _ in range(self.config.workers)]
         self.retries = 0  # prompts retried after a worker died, over the executor's life
 
-    async def run(self, actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int,
-                  jobs: list[PromptJob], clock: Clock, t0: float) -> list[PromptResult]:
+    async def run(
+        self,
+        actor: Actor,
+        predictor: Predictor,
+        plan: BudgetPlan,
+        method: Method,
+        seed: int,
+        step: int,
+        jobs: list[PromptJob],
+        clock: Clock,
+        t0: float,
+    ) -> list[PromptResult]:
         ray = self.ray
         shared = ray.put((actor, predictor, plan, method, seed, step))
         queue = list(jobs)

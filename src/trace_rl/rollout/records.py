@@ -69,16 +69,26 @@ def step_record(result: StepResult, seed: int = 0) -> StepRecord:
         diag["loss"] = result.predictor_loss
     groups = contrast_groups(active)
     return StepRecord(
-        method=result.method, step=result.step, seed=seed,
+        method=result.method,
+        step=result.step,
+        seed=seed,
         rollout={
-            "effective_ratio": effective_ratio(trees), "contrast_groups": groups,
-            "contrast_groups_per_1k": 1000.0 * groups / max(rollouts, 1), "success_rate": mean_reward(active),
-            "rollouts": rollouts, "bare_rollouts": result.bare_rollouts, "continuations": result.continuations,
-            "flips": flips, "turns": budget.turns, "prefix_turns": budget.prefix_turns,
-            "generated_tokens": result.generated_tokens, "prefix_generated_tokens": result.prefix_generated_tokens,
+            "effective_ratio": effective_ratio(trees),
+            "contrast_groups": groups,
+            "contrast_groups_per_1k": 1000.0 * groups / max(rollouts, 1),
+            "success_rate": mean_reward(active),
+            "rollouts": rollouts,
+            "bare_rollouts": result.bare_rollouts,
+            "continuations": result.continuations,
+            "flips": flips,
+            "turns": budget.turns,
+            "prefix_turns": budget.prefix_turns,
+            "generated_tokens": result.generated_tokens,
+            "prefix_generated_tokens": result.prefix_generated_tokens,
         },
         alloc={
-            "pool": len(trees), "active_prompts": len(active),
+            "pool": len(trees),
+            "active_prompts": len(active),
             "prefix_share": result.continuations / max(rollouts, 1),
             "unspent_prefix_budget": result.unspent_prefix_budget,
         },
@@ -150,26 +160,29 @@ def summarize(results: dict[str, list[dict]], baseline: str | None = None) -> li
 
         def total(key: str, recs: list[dict] = recs) -> float:
             return float(sum(r.get(key, 0) for r in recs))
+
         rollouts, continuations = total("rollout/rollouts"), total("rollout/continuations")
-        second = recs[len(recs) // 2:]
+        second = recs[len(recs) // 2 :]
         acc = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
         row = {"method": name}
         if "eval/accuracy_before" in recs[0]:
             row["start_accuracy"] = recs[0]["eval/accuracy_before"]
         if acc:
             row["final_accuracy"] = acc[-1]
-        row.update({
-            "effective_ratio": _mean(recs, "rollout/effective_ratio"),
-            "er_second_half": _mean(second, "rollout/effective_ratio"),
-            "groups_per_1k": 1000.0 * total("rollout/contrast_groups") / max(rollouts, 1),
-            "flip_rate": total("rollout/flips") / continuations if continuations else float("nan"),
-            "rollouts": int(rollouts),
-            "turns": int(total("rollout/turns")),
-            "tokens": int(total("rollout/generated_tokens")),
-            "prefix_share": continuations / max(rollouts, 1),
-            "overhead_pct": 100 * total("timing_s/overhead") / max(total("timing_s/total"), 1e-12),
-            "wall_s": total("timing_s/total") + total("timing_s/update") + total("timing_s/eval"),
-        })
+        row.update(
+            {
+                "effective_ratio": _mean(recs, "rollout/effective_ratio"),
+                "er_second_half": _mean(second, "rollout/effective_ratio"),
+                "groups_per_1k": 1000.0 * total("rollout/contrast_groups") / max(rollouts, 1),
+                "flip_rate": total("rollout/flips") / continuations if continuations else float("nan"),
+                "rollouts": int(rollouts),
+                "turns": int(total("rollout/turns")),
+                "tokens": int(total("rollout/generated_tokens")),
+                "prefix_share": continuations / max(rollouts, 1),
+                "overhead_pct": 100 * total("timing_s/overhead") / max(total("timing_s/total"), 1e-12),
+                "wall_s": total("timing_s/total") + total("timing_s/update") + total("timing_s/eval"),
+            }
+        )
         rows.append(row)
     base = next(r for r in rows if r["method"] == baseline)
     for r in rows:

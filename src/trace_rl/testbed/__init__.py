@@ -5,6 +5,13 @@ from .policy import SoftmaxPolicy
 from .predictors import OraclePredictor, TestbedFeatures, learned_predictor
 
 __all__ = [
-    "TestbedConfig", "TestbedEnv", "TestbedTask", "make_tasks", "value_table",
-    "SoftmaxPolicy", "OraclePredictor", "TestbedFeatures", "learned_predictor",
+    "TestbedConfig",
+    "TestbedEnv",
+    "TestbedTask",
+    "make_tasks",
+    "value_table",
+    "SoftmaxPolicy",
+    "OraclePredictor",
+    "TestbedFeatures",
+    "learned_predictor",
 ]

@@ -61,9 +61,18 @@ class TestbedActor:
             t2 = time.perf_counter()
             self.clock.add("generate", t1 - t0)
             self.clock.add("env", t2 - t1)
-            out.append({
-                "action": str(action), "observation": obs, "logprobs": [logp],
-                "info": {"turn": info["turn"], "mistakes": info["mistakes"], "kind": env.task.kind, "at": turn,
-                         "a": action},
-            })
+            out.append(
+                {
+                    "action": str(action),
+                    "observation": obs,
+                    "logprobs": [logp],
+                    "info": {
+                        "turn": info["turn"],
+                        "mistakes": info["mistakes"],
+                        "kind": env.task.kind,
+                        "at": turn,
+                        "a": action,
+                    },
+                }
+            )
         return out

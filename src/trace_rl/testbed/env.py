@@ -5,9 +5,10 @@ Each prompt (a `TestbedTask`) is a small MDP: `horizon` turns (2 to 6); at each 
 with the task's `slip` probability (its difficulty); a failed turn is a mistake, the episode fails as soon as
 mistakes exceed the task's `tolerance`, and it succeeds if it reaches the end within tolerance. The
 observation says only "ok" or "error". By default a doomed episode runs on to its horizon (as agents do
-after an unrecoverable error), so its later prefixes have V = 0 and are worthless anchors. Because turn outcomes are independent given the policy, V(turn,
-mistakes) is a short backward recursion, so oracle predictors, the paper's propositions and allocation
-quality can all be checked exactly, which no LM environment allows.
+after an unrecoverable error), so its later prefixes have V = 0 and are worthless anchors. Because turn
+outcomes are independent given the policy, V(turn, mistakes) is a short backward recursion, so oracle
+predictors, the paper's propositions and allocation quality can all be checked exactly, which no LM
+environment allows.
 
 What it does not model: the language side (no tokens, no parsing), and long-range credit (a turn's effect is
 immediate). It is a testbed for allocation and credit assignment, not for agents.

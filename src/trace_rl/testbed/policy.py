@@ -47,7 +47,9 @@ class SoftmaxPolicy:
         """Exact expected success rate over `tasks` (no sampling noise)."""
         return float(np.mean([self.value(t) for t in tasks]))
 
-    def update(self, kinds: np.ndarray, turns: np.ndarray, actions: np.ndarray, advantages: np.ndarray, lr: float, scale: float) -> None:
+    def update(
+        self, kinds: np.ndarray, turns: np.ndarray, actions: np.ndarray, advantages: np.ndarray, lr: float, scale: float
+    ) -> None:
         """theta += lr * sum_rows A * grad log pi(a | kind, turn) / scale."""
         if len(kinds) == 0:
             return

@@ -70,6 +70,8 @@ class TestbedFeatures:
         return x
 
 
-def learned_predictor(config: TestbedConfig, tasks: dict[int, TestbedTask], lr: float = 0.05, seed: int = 0) -> OnlineLogisticPredictor:
+def learned_predictor(
+    config: TestbedConfig, tasks: dict[int, TestbedTask], lr: float = 0.05, seed: int = 0
+) -> OnlineLogisticPredictor:
     features = TestbedFeatures(config, tasks)
     return OnlineLogisticPredictor(features, features.dim, lr=lr, seed=seed)

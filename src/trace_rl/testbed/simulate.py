@@ -108,8 +108,15 @@ class SimulateConfig:
 class MethodRun:
     """One method's run: policy, its predictor, the engine and the data order."""
 
-    def __init__(self, method: Method, cfg: SimulateConfig, seed: int, train: list[TestbedTask],
-                 evals: list[TestbedTask], executor=None):
+    def __init__(
+        self,
+        method: Method,
+        cfg: SimulateConfig,
+        seed: int,
+        train: list[TestbedTask],
+        evals: list[TestbedTask],
+        executor=None,
+    ):
         self.method, self.cfg, self.seed = method, cfg, seed
         self.env = replace(cfg.env, seed=seed)
         self.train, self.evals = train, evals
@@ -122,8 +129,14 @@ class MethodRun:
             self.predictor = RewardHistoryPredictor()
         else:
             self.predictor = learned_predictor(self.env, tasks, lr=cfg.predictor.lr, seed=seed)
-        self.engine = TreeRolloutEngine(TestbedActor(self.env, self.policy), self.predictor, cfg.budget, seed=seed,
-                                        prefix_share=cfg.predictor.prefix_share, executor=executor)
+        self.engine = TreeRolloutEngine(
+            TestbedActor(self.env, self.policy),
+            self.predictor,
+            cfg.budget,
+            seed=seed,
+            prefix_share=cfg.predictor.prefix_share,
+            executor=executor,
+        )
 
     def step(self, step: int):
         idx = self.data_rng.choice(len(self.train), size=self.cfg.budget.pool, replace=False)
@@ -136,9 +149,12 @@ class MethodRun:
         if rows:
             info = [r["info"] for r in rows]
             self.policy.update(
-                np.array([i["kind"] for i in info]), np.array([i["at"] for i in info]),
-                np.array([i["a"] for i in info]), np.array([r["advantage"] for r in rows]),
-                lr=self.cfg.policy.lr, scale=self.cfg.budget.total,
+                np.array([i["kind"] for i in info]),
+                np.array([i["at"] for i in info]),
+                np.array([i["a"] for i in info]),
+                np.array([r["advantage"] for r in rows]),
+                lr=self.cfg.policy.lr,
+                scale=self.cfg.budget.total,
             )
         record = step_record(result, seed=self.seed)
         record.timing_s["update"] = time.perf_counter() - t0
@@ -151,8 +167,9 @@ def run_simulation(cfg: SimulateConfig, seed: int | None = None, out: Path | Non
     seed = cfg.seed if seed is None else seed
     env = replace(cfg.env, seed=seed)
     train = make_tasks(env, cfg.train_tasks, seed=int(derive_rng(seed, "train-tasks").integers(2**31)))
-    evals = make_tasks(env, cfg.eval_tasks, seed=int(derive_rng(seed, "eval-tasks").integers(2**31)),
-                       start_index=cfg.train_tasks)
+    evals = make_tasks(
+        env, cfg.eval_tasks, seed=int(derive_rng(seed, "eval-tasks").integers(2**31)), start_index=cfg.train_tasks
+    )
     writer = preds = None
     if out:
         writer = MetricsWriter(out / "metrics.jsonl")
@@ -181,13 +198,18 @@ def run_simulation(cfg: SimulateConfig, seed: int | None = None, out: Path | Non
                 for rec in node_records(result.active):
                     preds.write({"method": name, "step": step, **rec})
                 if cfg.save_trees_every and (step + 1) % cfg.save_trees_every == 0:
-                    save_trees(out / f"trees_{name}.jsonl", result.active, append=True,
-                               extra={"method": name, "step": step})
+                    save_trees(
+                        out / f"trees_{name}.jsonl", result.active, append=True, extra={"method": name, "step": step}
+                    )
             if cfg.progress:
                 er = np.mean([r["rollout/effective_ratio"] for r in records])
-                print(f"\r[{mi + 1}/{len(cfg.methods)}] {name:<18} step {step + 1:>3}/{cfg.steps}  "
-                      f"effective ratio (running mean) {er:.3f}  accuracy {acc:.3f}", end="", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"\r[{mi + 1}/{len(cfg.methods)}] {name:<18} step {step + 1:>3}/{cfg.steps}  "
+                    f"effective ratio (running mean) {er:.3f}  accuracy {acc:.3f}",
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if cfg.progress:
             print(file=sys.stderr)
         results[name] = records

@@ -48,8 +48,17 @@ def _write_files(path: Path, model, tokenizer, optimizer, predictor, state: dict
     (path / "config.yaml").write_text(config_yaml)
 
 
-def save_checkpoint(out: str | Path, step: int, model, tokenizer, optimizer, predictor, state: dict,
-                    config_yaml: str, keep_last: int = 2) -> Path:
+def save_checkpoint(
+    out: str | Path,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    predictor,
+    state: dict,
+    config_yaml: str,
+    keep_last: int = 2,
+) -> Path:
     """Write `out/global_step_{step}` atomically; then drop all but the `keep_last` newest."""
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
@@ -80,8 +89,9 @@ def load_checkpoint(path: Path, model, optimizer) -> tuple[object, dict]:
     state_dict = load_file(weights) if weights.exists() else torch.load(path / "pytorch_model.bin")
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if unexpected or any("lm_head" not in k for k in missing):  # a tied lm_head is not saved separately
-        raise ValueError(f"{path}: the checkpoint does not match the model (missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]})")
+        raise ValueError(
+            f"{path}: the checkpoint does not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     if hasattr(model, "tie_weights"):
         model.tie_weights()
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))

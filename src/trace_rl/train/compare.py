@@ -33,8 +33,10 @@ class CompareConfig:
     def __post_init__(self):
         unknown = [m for m in self.methods if m not in METHODS or METHODS[m].predictor == "oracle"]
         if unknown or not self.methods:
-            raise ValueError(f"methods: unknown {unknown or 'none given'}; choose from "
-                             f"{', '.join(m for m in METHODS if METHODS[m].predictor != 'oracle')}")
+            raise ValueError(
+                f"methods: unknown {unknown or 'none given'}; choose from "
+                f"{', '.join(m for m in METHODS if METHODS[m].predictor != 'oracle')}"
+            )
         if not self.seeds:
             raise ValueError("seeds: give at least one seed")
         if not self.out:
@@ -111,8 +113,17 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             "groups_per_1k": _pm(groups),
             "rollouts": int(np.mean(rollouts)),
             "tokens": int(np.mean([sum(r["rollout/generated_tokens"] for r in rs) for rs in recs])),
-            "wall_s": float(np.mean([sum(r.get("timing_s/total", 0) + r.get("timing_s/update", 0)
-                                         + r.get("timing_s/eval", 0) for r in rs) for rs in recs])),
+            "wall_s": float(
+                np.mean(
+                    [
+                        sum(
+                            r.get("timing_s/total", 0) + r.get("timing_s/update", 0) + r.get("timing_s/eval", 0)
+                            for r in rs
+                        )
+                        for rs in recs
+                    ]
+                )
+            ),
         }
         if grpo_target is not None:
             curves = [_curve(rs) for rs in recs]
@@ -128,10 +139,22 @@ def plot_compare(runs: dict[str, list[dict]], out: Path) -> None:
     from ..plots import plot_metric
 
     per_seed = {m: [s["records"] for s in seeds] for m, seeds in runs.items()}
-    plot_metric(per_seed, "rollout/effective_ratio", out / "effective_ratio.png",
-                "Effective ratio per step (mean and seed band)", smooth=3)
+    plot_metric(
+        per_seed,
+        "rollout/effective_ratio",
+        out / "effective_ratio.png",
+        "Effective ratio per step (mean and seed band)",
+        smooth=3,
+    )
     # accuracy against rollouts spent: the x of each evaluation record is the running rollout count
-    acc = {m: [[{**r, "step": r["train/rollouts_total"] - 1} for r in rs if "eval/accuracy" in r] for rs in seeds]
-           for m, seeds in per_seed.items()}
-    plot_metric(acc, "eval/accuracy", out / "accuracy_vs_rollouts.png", "Held-out accuracy against rollouts spent",
-                xlabel="rollouts spent")
+    acc = {
+        m: [[{**r, "step": r["train/rollouts_total"] - 1} for r in rs if "eval/accuracy" in r] for rs in seeds]
+        for m, seeds in per_seed.items()
+    }
+    plot_metric(
+        acc,
+        "eval/accuracy",
+        out / "accuracy_vs_rollouts.png",
+        "Held-out accuracy against rollouts spent",
+        xlabel="rollouts spent",
+    )

@@ -13,15 +13,22 @@ from pathlib import Path
 from ..rollout.records import MetricsWriter
 
 SINKS = ("console", "jsonl", "tensorboard", "wandb")
-CONSOLE_KEYS = (("rollout/effective_ratio", "er", "{:.3f}"), ("rollout/success_rate", "reward", "{:.3f}"),
-                ("train/loss", "loss", "{:+.4f}"), ("train/clip_frac", "clip", "{:.3f}"),
-                ("train/grad_norm", "|g|", "{:.2f}"), ("eval/accuracy", "eval acc", "{:.3f}"),
-                ("timing_s/total", "rollout s", "{:.1f}"), ("timing_s/update", "update s", "{:.1f}"))
+CONSOLE_KEYS = (
+    ("rollout/effective_ratio", "er", "{:.3f}"),
+    ("rollout/success_rate", "reward", "{:.3f}"),
+    ("train/loss", "loss", "{:+.4f}"),
+    ("train/clip_frac", "clip", "{:.3f}"),
+    ("train/grad_norm", "|g|", "{:.2f}"),
+    ("eval/accuracy", "eval acc", "{:.3f}"),
+    ("timing_s/total", "rollout s", "{:.1f}"),
+    ("timing_s/update", "update s", "{:.1f}"),
+)
 
 
 class StepLogger:
-    def __init__(self, sinks: list[str], out: Path, config: dict | None = None, resume: bool = False,
-                 run_name: str = "trace-rl"):
+    def __init__(
+        self, sinks: list[str], out: Path, config: dict | None = None, resume: bool = False, run_name: str = "trace-rl"
+    ):
         unknown = [s for s in sinks if s not in SINKS]
         if unknown:
             raise ValueError(f"logger: unknown {unknown}; choose from {', '.join(SINKS)}")
@@ -34,14 +41,21 @@ class StepLogger:
 
                 self.tb = SummaryWriter(str(self.out / "tensorboard"))
             except ImportError:
-                print("logger: tensorboard was asked for but is not installed (pip install tensorboard); skipped",
-                      file=sys.stderr)
+                print(
+                    "logger: tensorboard was asked for but is not installed (pip install tensorboard); skipped",
+                    file=sys.stderr,
+                )
         if "wandb" in sinks:
             try:
                 import wandb
 
-                self.wandb = wandb.init(project="trace-rl", name=run_name, config=config, dir=str(self.out),
-                                        resume="allow" if resume else None)
+                self.wandb = wandb.init(
+                    project="trace-rl",
+                    name=run_name,
+                    config=config,
+                    dir=str(self.out),
+                    resume="allow" if resume else None,
+                )
             except ImportError:
                 print("logger: wandb was asked for but is not installed (pip install wandb); skipped", file=sys.stderr)
 
@@ -57,8 +71,9 @@ class StepLogger:
         if self.wandb:
             self.wandb.log(numeric, step=step)
         if "console" in self.sinks:
-            parts = [f"step {step:>4}"] + [f"{label} {fmt.format(record[k])}" for k, label, fmt in CONSOLE_KEYS
-                                           if k in record]
+            parts = [f"step {step:>4}"] + [
+                f"{label} {fmt.format(record[k])}" for k, label, fmt in CONSOLE_KEYS if k in record
+            ]
             print("  ".join(parts), file=sys.stderr, flush=True)
 
     def close(self) -> None:

@@ -14,8 +14,9 @@ the first path (depth-first) that contains it.
 Trade-offs and limits:
 - The tree mask is a dense (T, T) tensor per row, so memory and attention work grow with the square of the
   row length (attention over a tree costs its whole length squared, more than the sum over its paths: the
-  saving is in the per-token work, projections and MLP); `max_tokens` bounds the row. A dense mask also rules out flash-attention kernels: the model must
-  use `eager` or `sdpa` attention (checked). Flex attention with a block mask would lift both limits.
+  saving is in the per-token work, projections and MLP); `max_tokens` bounds the row. A dense mask also rules
+  out flash-attention kernels: the model must use `eager` or `sdpa` attention (checked). Flex attention with
+  a block mask would lift both limits.
 - A tree larger than `max_tokens` is split into parts: a node's children subtrees that do not fit become
   parts of their own, each preceded by a context-only copy of its ancestors (encoded again, not trained). A
   single root-to-node context longer than `max_tokens` still forms one (oversized) part: a path cannot be
@@ -150,7 +151,7 @@ def _targets(entries: list[Entry], offsets: list[int], last: list[int], adv: lis
 def _tree_row(entries: list[Entry]):
     """(ids, positions, (L, L) mask, offsets, last token index per entry) of one tree part laid out in a row."""
     offsets, last, pos0, ids = [], [], [], []
-    for ti, node, _, parent in entries:
+    for _ti, node, _, parent in entries:
         offsets.append(len(ids))
         pos0.append(pos0[parent] + len(entries[parent][1].token_ids) if parent >= 0 else 0)
         ids.extend(node.token_ids)

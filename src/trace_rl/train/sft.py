@@ -63,8 +63,15 @@ class SFTParams:
             raise ValueError("warmup_steps must be >= 1 and max_minutes >= 0")
 
 
-def train_sft(model, tokenizer, tasks: list[dict], max_steps: int = 1500, params: SFTParams | None = None,
-              seed: int = 0, log_every: int = 20) -> dict:
+def train_sft(
+    model,
+    tokenizer,
+    tasks: list[dict],
+    max_steps: int = 1500,
+    params: SFTParams | None = None,
+    seed: int = 0,
+    log_every: int = 20,
+) -> dict:
     """AdamW on masked next-token loss, linear warm-up then linear decay to `final_lr` x lr at max_steps;
     returns steps, tokens, seconds, loss and whether a wall-clock cap stopped it early."""
     import torch
@@ -105,12 +112,22 @@ def train_sft(model, tokenizer, tasks: list[dict], max_steps: int = 1500, params
         loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
         if log_every and step % log_every == 0:
             el = time.perf_counter() - start
-            print(f"\rsft step {step}  loss {loss_ema:.3f}  {tokens / el:,.0f} tok/s  {el:.0f}s", end="", file=sys.stderr, flush=True)
+            print(
+                f"\rsft step {step}  loss {loss_ema:.3f}  {tokens / el:,.0f} tok/s  {el:.0f}s",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
     if log_every:
         print(file=sys.stderr)
     model.eval()
-    return {"steps": step, "tokens": tokens, "seconds": time.perf_counter() - start, "loss": loss_ema,
-            "stopped_early": step < max_steps}
+    return {
+        "steps": step,
+        "tokens": tokens,
+        "seconds": time.perf_counter() - start,
+        "loss": loss_ema,
+        "stopped_early": step < max_steps,
+    }
 
 
 @dataclass
@@ -155,8 +172,11 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
     tasks = make_tasks(cfg.sft.tasks, seed=derive_seed(cfg.seed, "sft-demos"), **DEMO_MIX)
     stats = train_sft(model, tok, tasks, max_steps=cfg.steps, params=cfg.sft, seed=cfg.seed)
     if stats["stopped_early"]:
-        print(f"stopped early by sft.max_minutes={cfg.sft.max_minutes} after {stats['steps']} of {cfg.steps} steps: "
-              "not reproducible from the seed", file=sys.stderr)
+        print(
+            f"stopped early by sft.max_minutes={cfg.sft.max_minutes} after {stats['steps']} of {cfg.steps} steps: "
+            "not reproducible from the seed",
+            file=sys.stderr,
+        )
         if not cfg.out:  # never let a cut-short run become the cached default
             out = out.with_name(out.name + "-partial")
             print(f"saving to {out} instead of the cached default", file=sys.stderr)
@@ -165,18 +185,25 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
     tok.save_pretrained(out)
     if yaml_text:
         (out / "config.yaml").write_text(yaml_text)
-    print(f"trained {stats['steps']} steps, {stats['tokens']:,} tokens in {stats['seconds']:.0f}s "
-          f"({stats['tokens'] / max(stats['seconds'], 1e-9):,.0f} tok/s), final loss {stats['loss']:.3f}")
+    print(
+        f"trained {stats['steps']} steps, {stats['tokens']:,} tokens in {stats['seconds']:.0f}s "
+        f"({stats['tokens'] / max(stats['seconds'], 1e-9):,.0f} tok/s), final loss {stats['loss']:.3f}"
+    )
     params = cfg.policy.sampling(48)
     mix = {"steps": tuple(cfg.env.chain_steps), "digits": tuple(cfg.env.digits)}
-    report, trees = success_by_difficulty(HFBackend(model, tok),
-                                          make_tasks(cfg.sft.eval_tasks, seed=derive_seed(cfg.seed, "sft-eval"), **mix),
-                                          params, seed=cfg.seed)
+    report, trees = success_by_difficulty(
+        HFBackend(model, tok),
+        make_tasks(cfg.sft.eval_tasks, seed=derive_seed(cfg.seed, "sft-eval"), **mix),
+        params,
+        seed=cfg.seed,
+    )
     print(f"success on {cfg.sft.eval_tasks} held-out tasks at temperature {params.temperature}:")
     for key, val in report.items():
         print(f"  {key:<20} {val:.3f}")
     (out / "sft_report.json").write_text(json.dumps({"train": stats, "eval": report}, indent=2))
     save_trees(out / "sft_eval_trees.jsonl", trees)
-    print(f"wrote {out}/sft_report.json and the report's episodes as trees, sft_eval_trees.jsonl "
-          "(predictor.warmup of trace-rl rollout)")
+    print(
+        f"wrote {out}/sft_report.json and the report's episodes as trees, sft_eval_trees.jsonl "
+        "(predictor.warmup of trace-rl rollout)"
+    )
     return out

@@ -39,11 +39,11 @@ class TrainConfig:
 
     out: str = "runs/train"  # run directory: config.yaml, metrics.jsonl, checkpoints global_step_N/, plots
     seed: int = 0  # one seed reproduces the run
-    steps: int = 60  # training steps
+    steps: int = 40  # training steps
     method: str = "trace"  # how rollouts are allocated (methods.METHODS)
     advantage: str = ""  # advantage estimator (default: the method's own): trace | grpo | tree_grpo | treepo
     resume: bool = False  # continue from the newest complete checkpoint in out
-    eval_every: int = 10  # steps between held-out evaluations (and one at the start and the end)
+    eval_every: int = 20  # steps between held-out evaluations (and one at the start and the end)
     eval_tasks: int = 256  # held-out tasks per evaluation
     eval_samples: int = 4  # samples per held-out task (accuracy is their mean; pass@k for k = samples)
     save_every: int = 20  # steps between checkpoints (and one at the end)
@@ -61,8 +61,10 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.method not in METHODS or METHODS[self.method].predictor == "oracle":
-            raise ValueError(f"method: unknown {self.method!r}; choose from "
-                             f"{', '.join(m for m in METHODS if METHODS[m].predictor != 'oracle')}")
+            raise ValueError(
+                f"method: unknown {self.method!r}; choose from "
+                f"{', '.join(m for m in METHODS if METHODS[m].predictor != 'oracle')}"
+            )
         if self.advantage and self.advantage not in ADVANTAGES:
             raise ValueError(f"advantage: unknown {self.advantage!r}; choose from {', '.join(ADVANTAGES)}")
         for name in ("steps", "eval_every", "eval_tasks", "eval_samples", "save_every"):
@@ -78,8 +80,10 @@ class TrainConfig:
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if self.update.temperature != self.policy.temperature:
-            raise ValueError(f"update.temperature ({self.update.temperature}) must equal policy.temperature "
-                             f"({self.policy.temperature}): log-probs must come from the sampling distribution")
+            raise ValueError(
+                f"update.temperature ({self.update.temperature}) must equal policy.temperature "
+                f"({self.policy.temperature}): log-probs must come from the sampling distribution"
+            )
 
 
 def ensure_policy(cfg: TrainConfig) -> None:
@@ -90,8 +94,10 @@ def ensure_policy(cfg: TrainConfig) -> None:
         return
     from .sft import SFTConfig, run_sft
 
-    print("the default policy is not warm-started yet: running trace-rl sft first (cached for later runs)",
-          file=sys.stderr)
+    print(
+        "the default policy is not warm-started yet: running trace-rl sft first (cached for later runs)",
+        file=sys.stderr,
+    )
     run_sft(SFTConfig())
 
 
@@ -99,8 +105,12 @@ def held_out_tasks(cfg: TrainConfig, spec) -> list[dict]:
     if cfg.env.name == "calculator":
         from ..envs.calculator import make_tasks
 
-        return make_tasks(cfg.eval_tasks, seed=derive_seed(cfg.seed, "held-out"), steps=tuple(cfg.env.chain_steps),
-                          digits=tuple(cfg.env.digits))
+        return make_tasks(
+            cfg.eval_tasks,
+            seed=derive_seed(cfg.seed, "held-out"),
+            steps=tuple(cfg.env.chain_steps),
+            digits=tuple(cfg.env.digits),
+        )
     bench = next(iter(spec.benchmarks))
     return spec.benchmarks[bench](cfg.eval_tasks)
 
@@ -109,8 +119,17 @@ def evaluate_policy(cfg: TrainConfig, backend, spec, tasks, params, step: int) -
     from ..rollout.evaluate import evaluate
 
     backend.clear_cache()
-    res = evaluate(backend, spec.make, tasks, params, samples=cfg.eval_samples, ks=(1, cfg.eval_samples),
-                   seed=derive_seed(cfg.seed, "eval"), label=f"eval step {step}", progress=cfg.progress)
+    res = evaluate(
+        backend,
+        spec.make,
+        tasks,
+        params,
+        samples=cfg.eval_samples,
+        ks=(1, cfg.eval_samples),
+        seed=derive_seed(cfg.seed, "eval"),
+        label=f"eval step {step}",
+        progress=cfg.progress,
+    )
     return {"accuracy": res["pass@1"], f"pass@{cfg.eval_samples}": res[f"pass@{cfg.eval_samples}"]}
 
 
@@ -152,8 +171,11 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     if config_yaml:
         (out / "config.yaml").write_text(config_yaml)
     if start and (out / "metrics.jsonl").exists():  # records of steps after the checkpoint are redone
-        keep = [line for line in (out / "metrics.jsonl").read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] < start]
+        keep = [
+            line
+            for line in (out / "metrics.jsonl").read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] < start
+        ]
         (out / "metrics.jsonl").write_text("".join(line + "\n" for line in keep))
     logger = StepLogger(cfg.logger, out, resume=bool(start), run_name=f"{cfg.method}-seed{cfg.seed}")
 
@@ -161,8 +183,14 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     params = cfg.policy.sampling(spec.max_new_tokens)
     backend = HFBackend(model, tok)
     actor = LMActor(backend, spec.make, params, cfg.engine.batching, cfg.engine.env_workers)
-    engine = TreeRolloutEngine(actor, predictor, cfg.budget, seed=cfg.seed, prefix_share=cfg.predictor.prefix_share,
-                               executor=make_executor(cfg.executor, cfg.ray))
+    engine = TreeRolloutEngine(
+        actor,
+        predictor,
+        cfg.budget,
+        seed=cfg.seed,
+        prefix_share=cfg.predictor.prefix_share,
+        executor=make_executor(cfg.executor, cfg.ray),
+    )
     held_out = held_out_tasks(cfg, spec)
     pool = cfg.budget.pool
     advantage = cfg.advantage or method.advantage
@@ -182,8 +210,9 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
             t0 = time.perf_counter()
             model.train()
             active = result.active
-            stats = update_policy(model, optimizer, active, batch_advantages(advantage, active), cfg.update,
-                                  ref_model=ref_model)
+            stats = update_policy(
+                model, optimizer, active, batch_advantages(advantage, active), cfg.update, ref_model=ref_model
+            )
             model.eval()
             backend.update_weights()  # the model changed in place: new version, no cached KV of old weights
             rec.timing_s["update"] = time.perf_counter() - t0
@@ -204,9 +233,14 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     finally:
         logger.close()
     summary = {
-        "method": cfg.method, "seed": cfg.seed, "steps": cfg.steps,
-        "accuracy_before": state.get("accuracy_before"), "accuracy_after": record.get("eval/accuracy"),
-        "rollouts": state["rollouts"], "peak_rss_gib": _peak_rss_gib(), "out": str(out),
+        "method": cfg.method,
+        "seed": cfg.seed,
+        "steps": cfg.steps,
+        "accuracy_before": state.get("accuracy_before"),
+        "accuracy_after": record.get("eval/accuracy"),
+        "rollouts": state["rollouts"],
+        "peak_rss_gib": _peak_rss_gib(),
+        "out": str(out),
     }
     summary_path.write_text(json.dumps(summary, indent=2))
     return summary
