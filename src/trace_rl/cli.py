@@ -54,6 +54,7 @@ class EvalConfig:
     env: str = "calculator"  # calculator | math | qa | bfcl
     model: str = "tiny"  # 'tiny', 'random-tiny', 'smollm2-135m', a local path or a hub id
     bench: list[str] = field(default_factory=list)  # benchmarks to run (default: all of the env's)
+    data: str = ""  # a task file instead (verl / Search-R1 / SkyRL parquet or JSON-lines rows; its system kept)
     limit: int = 0  # first N tasks of each benchmark (0: all)
     k: list[int] = field(default_factory=lambda: [1])  # k of pass@k
     samples: int = 1  # samples per task (at least the largest k)
@@ -234,6 +235,15 @@ def _eval(cfg, yaml_text: str) -> None:
     from .rollout.records import format_table
 
     spec = get_env(cfg.env, corpus=cfg.corpus or None, retriever_url=cfg.retriever_url or None)
+    if cfg.data:
+        from .envs.data import load_tasks
+
+        if not Path(cfg.data).is_file():
+            raise ConfigError(f"data: no file {cfg.data}")
+        name = Path(cfg.data).stem
+        spec.benchmarks = {name: lambda n: load_tasks(cfg.data, n)}
+        if cfg.bench:
+            raise ConfigError("bench: give either data=FILE or bench names, not both")
     benches = list(cfg.bench) or list(spec.benchmarks)
     unknown = [b for b in benches if b not in spec.benchmarks]
     if unknown:

@@ -125,6 +125,8 @@ def _overrides(cls, argv: list[str]) -> tuple[str | None, list[str]]:
     fixed = []
     for item in out:
         key, _, value = item.partition("=")
+        if key not in leaves and f"{key}.name" in leaves:  # `env=math` names the env group's choice
+            key = f"{key}.name"
         if key not in leaves:
             raise ConfigError(f"{key}: unknown setting; settings are {', '.join(sorted(leaves))}")
         if _is_list(leaves[key]) and not value.strip().startswith("["):

@@ -51,3 +51,15 @@ def test_safe_eval_and_parse_action():
     p = parse_action("Thought: add them\nAction: calc[1+2]", ("calc", "answer"))
     assert (p.thought, p.tool, p.argument) == ("add them", "calc", "1+2")
     assert parse_action("Action: calc 1+2", ("calc",)).tool is None
+
+
+def test_a_rows_system_message_is_kept_before_the_tool_instructions():
+    from trace_rl.envs.calculator import CalculatorEnv, make_tasks
+
+    env = CalculatorEnv()
+    task = {**make_tasks(1, seed=0)[0], "system": "You are a careful assistant."}
+    env.reset(task)
+    prompt = env.system_prompt()
+    assert prompt.startswith("You are a careful assistant.") and prompt.endswith(CalculatorEnv.system)
+    env.reset(make_tasks(1, seed=0)[0])
+    assert env.system_prompt() == CalculatorEnv.system

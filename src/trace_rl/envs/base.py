@@ -89,7 +89,11 @@ class ToolEnv:
         self.done = True
 
     def system_prompt(self) -> str:
-        return self.system
+        """The env's tool instructions, after the task row's own system message when it has one (kept from
+        verl / SkyRL / Search-R1 rows); the env's format comes last, so its action syntax is what the model
+        reads most recently."""
+        row = (self.task or {}).get("system") if isinstance(self.task, dict) else None
+        return f"{row}\n\n{self.system}" if row else self.system
 
     def reset(self, task: dict) -> str:
         self.task, self.turn, self.done = task, 0, False
