@@ -65,8 +65,10 @@ def main() -> None:
     print(f"ray local cluster start: {startup:.1f} s (once per run)")
     local_s, local_trees = rows[0][1], rows[0][2]
     for name, seconds, trees, starts, gaps in rows:
-        print(f"{name:<18} {trees / seconds:8.1f} trees/s   stage 2 starts a median {statistics.median(starts):.3f} s "
-              f"into its step, {1000 * statistics.median(gaps):.2f} ms after its own bare rollouts end")
+        print(
+            f"{name:<18} {trees / seconds:8.1f} trees/s   stage 2 starts a median {statistics.median(starts):.3f} s "
+            f"into its step, {1000 * statistics.median(gaps):.2f} ms after its own bare rollouts end"
+        )
     ray_s, ray_trees = rows[1][1], rows[1][2]
     per_task = (ray_s / ray_trees - local_s / local_trees) * args.workers
     print(f"ray overhead per tree task: {1000 * per_task:.1f} ms of worker time (vs the local executor)")
