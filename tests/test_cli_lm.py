@@ -149,3 +149,38 @@ def test_rollout_with_an_lm_critic_that_does_not_exist_is_one_line(sft_model, tm
     )
     err = capsys.readouterr().err
     assert code == 2 and "predictor.kind" in err and len(err.strip().splitlines()) == 1
+
+
+def test_eval_writes_per_sample_results_and_reads_a_task_file(sft_model, tmp_path, capsys):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        json.dumps(
+            {
+                "prompt": [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "Compute 2 +3"}],
+                "reward_model": {"ground_truth": "5"},
+                "extra_info": {"question": "Compute 2 +3"},
+            }
+        )
+        + "\n"
+    )
+    out = tmp_path / "eval"
+    args = ["eval", "env=calculator", f"model={sft_model}", "limit=2", "k=1,2", "max_new_tokens=8", f"out={out}"]
+    assert main(args) == 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and {"index", "sample", "score", "generation"} <= set(samples[0])
+    assert (out / "config.yaml").exists()
+    pytest.importorskip("math_verify")
+    assert main(["eval", "env=math", f"model={sft_model}", f"data={rows}", "max_new_tokens=8"]) == 0
+    assert "rows" in capsys.readouterr().out
+
+
+def test_eval_refuses_a_prompt_longer_than_the_model_before_generating(tmp_path, capsys):
+    from trace_rl.lm.models import create_tiny_model
+
+    model, tok = create_tiny_model(hidden=32, layers=1, heads=2, max_positions=64)
+    model.save_pretrained(tmp_path / "short")
+    tok.save_pretrained(tmp_path / "short")
+    capsys.readouterr()  # the save's own progress bar is not the command's output
+    assert main(["eval", "env=calculator", f"model={tmp_path / 'short'}", "limit=1"]) == 2
+    err = capsys.readouterr().err
+    assert "positions" in err and "max_new_tokens" in err and len(err.strip().splitlines()) == 1

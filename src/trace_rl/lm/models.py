@@ -140,6 +140,9 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
     """(model, tokenizer) for a name, local path or hub id; one clear error if it cannot be found."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per load buries the command's own lines (and its one-line errors)
 
     if name == RANDOM_TINY:
         model, tok = create_tiny_model(seed=0)
