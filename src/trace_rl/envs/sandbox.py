@@ -255,9 +255,12 @@ def _bwrap_base() -> tuple[str, ...]:
             args += ["--ro-bind", top, top]
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
         args += ["--ro-bind-try", etc, etc]
+    # the tmpfs first: a mount made later covers what lies under it, and the interpreter may live under /tmp
+    # (a venv in a temporary checkout), which must stay visible, read-only, inside the writable /tmp
+    args += ["--dev", "/dev", "--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp"]
     for d in _python_dirs():
         args += ["--ro-bind", d, d]
-    args += ["--dev", "/dev", "--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    args += ["--chdir", "/tmp"]
     for key, value in _ENV.items():
         args += ["--setenv", key, value]
     return tuple(args)
