@@ -118,3 +118,14 @@ def test_two_steps_on_every_environment(tmp_path, env):
     args = [*SMALL, "steps=2", f"env.name={env}", f"out={out}", "eval_tasks=2", "eval_samples=1"]
     assert main(["train", *args]) == 0
     assert len(records(out)) == 2 and (out / "global_step_2").is_dir()
+
+
+def test_rollouts_to_reach_reads_the_interpolated_curve():
+    import numpy as np
+
+    from trace_rl.train.compare import rollouts_to_reach
+
+    xs, ys = np.array([0.0, 100.0, 200.0]), np.array([0.5, 0.6, 0.7])
+    assert abs(rollouts_to_reach(xs, ys, 0.65) - 150.0) < 1e-9
+    assert rollouts_to_reach(xs, ys, 0.5) == 0.0
+    assert rollouts_to_reach(xs, ys, 0.8) is None

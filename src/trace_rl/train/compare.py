@@ -43,9 +43,9 @@ class CompareConfig:
             raise ValueError("out must be a directory path, got an empty string")
 
 
-def _curve(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+def _curve(records: list[dict], before: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(rollouts spent, held-out accuracy) at each evaluation, starting from (0, accuracy before)."""
-    xs, ys = [], []
+    xs, ys = ([0.0], [before]) if before is not None else ([], [])
     for r in records:
         if "eval/accuracy" in r:
             xs.append(r["train/rollouts_total"])
@@ -62,6 +62,18 @@ def rollouts_to_reach(xs: np.ndarray, ys: np.ndarray, target: float) -> float | 
             x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
             return float(x0 + (target - y0) / (y1 - y0) * (x1 - x0)) if y1 > y0 else float(x1)
     return None
+
+
+def load_runs(out: Path, methods: list[str], seeds: list[int]) -> dict[str, list[dict]]:
+    """The finished runs of a comparison directory: each run's summary with its records."""
+    runs: dict[str, list[dict]] = {}
+    for method in methods:
+        for seed in seeds:
+            run = out / method / f"seed{seed}"
+            summary = json.loads((run / "train_summary.json").read_text())
+            summary["records"] = read_metrics(run / "metrics.jsonl")[method]
+            runs.setdefault(method, []).append(summary)
+    return runs
 
 
 def run_compare(cfg: CompareConfig, config_yaml: str = "") -> list[dict]:
@@ -97,7 +109,7 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
     rows = []
     grpo_target = grpo_rollouts = None
     if "grpo" in runs:
-        xs, ys = zip(*(_curve(r["records"]) for r in runs["grpo"]))
+        xs, ys = zip(*(_curve(r["records"], r["accuracy_before"]) for r in runs["grpo"]))
         grpo_target = float(np.mean([y[-1] for y in ys]))
         grpo_rollouts = float(np.mean([x[-1] for x in xs]))
     for method, seeds in runs.items():
@@ -126,7 +138,7 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             ),
         }
         if grpo_target is not None:
-            curves = [_curve(rs) for rs in recs]
+            curves = [_curve(s["records"], s["accuracy_before"]) for s in seeds]
             xs = curves[0][0]
             mean_acc = np.mean([c[1] for c in curves], axis=0) if all(len(c[1]) == len(xs) for c in curves) else None
             reach = rollouts_to_reach(xs, mean_acc, grpo_target) if mean_acc is not None else None
