@@ -67,7 +67,7 @@ def main() -> None:
     for name, seconds, trees, starts, gaps in rows:
         print(
             f"{name:<18} {trees / seconds:8.1f} trees/s   stage 2 starts a median {statistics.median(starts):.3f} s "
-            f"into its step, {1000 * statistics.median(gaps):.2f} ms after its own bare rollouts end"
+            f"into its step (ray: its task), {1000 * statistics.median(gaps):.2f} ms after its own bare rollouts end"
         )
     ray_s, ray_trees = rows[1][1], rows[1][2]
     per_task = (ray_s / ray_trees - local_s / local_trees) * args.workers
