@@ -37,20 +37,27 @@ def run_lockstep(
                 on_turn(i, turn, episodes[i], gen)
 
 
+def turn_fields(turn: Turn, stop_reason: str) -> dict:
+    """A sampled turn as tree-node fields: text, token ids, mask, log-probs and why generation stopped."""
+    return {
+        "thought": turn.thought,
+        "action": turn.action,
+        "observation": turn.observation,
+        "token_ids": turn.token_ids,
+        "loss_mask": turn.loss_mask,
+        "logprobs": turn.logprobs,
+        "info": {"stop_reason": stop_reason},
+    }
+
+
 def record_turn(
     tree: RolloutTree, parent_id: str, turn: Turn, episode: Episode, origin: str, stop_reason: str
 ) -> TurnNode:
-    """Append a sampled turn under `parent_id`: text, token ids, mask, log-probs, and the reward if it ended."""
+    """Append a sampled turn under `parent_id`, with the reward if it ended."""
     return tree.add_turn(
         parent_id,
-        thought=turn.thought,
-        action=turn.action,
-        observation=turn.observation,
-        token_ids=turn.token_ids,
-        loss_mask=turn.loss_mask,
-        logprobs=turn.logprobs,
         terminal=episode.done,
         reward=episode.reward if episode.done else None,
         origin=origin,
-        info={"stop_reason": stop_reason},
+        **turn_fields(turn, stop_reason),
     )

@@ -27,6 +27,7 @@ from ..envs.base import AgentEnv
 from ..seeding import derive_seed
 from ..tree import RolloutTree
 from .engine import Clock
+from .episodes import turn_fields
 
 BATCHING = ("round", "eager")
 
@@ -150,18 +151,7 @@ class LMActor:
         turns = await asyncio.gather(
             *(loop.run_in_executor(pool, self._step, ep, gen) for ep, gen in zip(episodes, gens))
         )
-        return [
-            {
-                "thought": t.thought,
-                "action": t.action,
-                "observation": t.observation,
-                "token_ids": t.token_ids,
-                "loss_mask": t.loss_mask,
-                "logprobs": t.logprobs,
-                "info": {"stop_reason": gen.stop_reason},
-            }
-            for t, gen in zip(turns, gens)
-        ]
+        return [turn_fields(t, gen.stop_reason) for t, gen in zip(turns, gens)]
 
     def _step(self, ep: Episode, gen: Generation):
         self.clock.env_started()
