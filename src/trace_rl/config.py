@@ -147,7 +147,11 @@ def _qualify(message: str, cls) -> str:
     """Prefix a dataclass check's message ("steps must be ...") with the group path of the key it names."""
     first = re.split(r"[\s:]", message.strip(), maxsplit=1)[0]
     hits = [k for k in _leaves(cls) if k.rsplit(".", 1)[-1] == first]
-    return f"{hits[0]}: {message}" if len(hits) == 1 and hits[0] != first else message
+    if len(hits) != 1 or hits[0] == first:
+        return message
+    if message.strip().startswith(first + ":"):  # "device: ..." -> "policy.device: ...", not the name twice
+        return hits[0] + message.strip()[len(first) :]
+    return f"{hits[0]}: {message}"
 
 
 def load_config(cls, argv: list[str]):

@@ -1,0 +1,169 @@
+"""The LM stack's settings refuse bad values before any work (one line naming the key, exit 2, in seconds), and
+its builder wires the env options and the weight sync as the commands need them. No model is loaded here."""
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from trace_rl.cli import main
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def models_server():
+    """A stand-in OpenAI-compatible server that lists one model at /v1/models."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"data": [{"id": "random-tiny"}]}).encode()
+            self.send_response(200 if self.path == "/v1/models" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def garbage(tmp_path):
+    path = tmp_path / "garbage.jsonl"
+    path.write_text("this is not a trees file\n")
+    ints = tmp_path / "ints.json"
+    ints.write_text("[1, 2, 3]")
+    return {"garbage": path, "ints": ints, "tmp": tmp_path}
+
+
+CASES = [
+    (["train", "env=qa", "env.retriever_url=notaurl"], "env.retriever_url"),
+    (["train", "predictor.warmup={garbage}"], "predictor.warmup"),
+    (["train", "seed=-1"], "seed"),
+    (["train", "logger="], "logger"),
+    (["train", "logger=console"], "logger"),
+    (["train", "policy.temperature=0"], "policy.temperature"),
+    (["compare", "methods=grpo,grpo"], "methods"),
+    (["compare", "seeds=0,0"], "seeds"),
+    (["rollout", "methods=trace,grpo,trace"], "methods"),
+    (["rollout", "policy.backend=nope"], "policy.backend"),
+    (["rollout", "policy.server_url=http://127.0.0.1:1"], "policy.server_url"),
+    (["eval", "policy.backend=server"], "policy.server_url"),
+    (["eval", "policy.backend=server", "policy.server_url=http://127.0.0.1:{closed}"], "policy.server_url"),
+    (["eval", "env.sandbox=loose"], "env.sandbox"),
+    (["eval", "env=qa", "env.corpus={ints}", "policy.model=random-tiny"], "env.corpus"),
+    (["eval", "env=qa", "env.corpus={tmp}/none.json"], "env.corpus"),
+    (["sft", "policy.backend=server", "policy.server_url=http://127.0.0.1:{closed}"], "policy.server_url"),
+    (["eval", "model=tiny"], "model"),  # one spelling: eval's model is policy.model, as everywhere
+]
+
+
+@pytest.mark.parametrize("argv, key", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
+def test_bad_setting_is_one_line_before_any_work(garbage, capsys, argv, key):
+    args = [a.format(closed=_closed_port(), **garbage) for a in argv]
+    t0 = time.perf_counter()
+    assert main(args + [f"out={garbage['tmp'] / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and key in err and "Traceback" not in err, err
+    assert time.perf_counter() - t0 < 30  # refused up front, never after a warm start or a retry loop
+    assert not (garbage["tmp"] / "run" / "metrics.jsonl").exists()
+
+
+def test_an_uncached_hub_model_fails_fast_offline(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for command in ("train", "sft", "eval"):
+        assert main([command, "policy.model=no/such-model"]) == 2
+        err = capsys.readouterr().err
+        assert "policy.model" in err and "HF_HUB_OFFLINE" in err and err.count("\n") == 1, err
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")  # a hub that does not answer
+    assert main(["eval", "policy.model=no/such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "policy.model" in err and "unreachable" in err, err
+
+
+def test_server_backend_checks_the_served_model_and_train_refuses_it(models_server, capsys):
+    assert main(["eval", "policy.backend=server", f"policy.server_url={models_server}", "policy.model=other/x"]) == 2
+    err = capsys.readouterr().err
+    assert "policy.model" in err and "random-tiny" in err
+    argv = ["train", "policy.backend=server", f"policy.server_url={models_server}", "policy.model=random-tiny"]
+    assert main(argv) == 2
+    assert "policy.backend" in capsys.readouterr().err
+
+
+def test_vllm_backend_not_installed_is_one_line(capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    assert main(["rollout", "policy.backend=vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "policy.backend" in err and "vllm" in err and err.count("\n") == 1
+
+
+def test_env_sandbox_reaches_the_math_env_and_a_missing_strict_sandbox_names_it(monkeypatch):
+    pytest.importorskip("math_verify")
+    from trace_rl.envs import sandbox
+    from trace_rl.stack.build import build_env
+    from trace_rl.stack.config import LMEnvConfig
+
+    with pytest.warns(RuntimeWarning):
+        sandbox._warned_weak = False
+        spec = build_env(LMEnvConfig(name="math", sandbox="weak"))
+    assert spec.make().sandbox == "weak"
+    monkeypatch.setattr(sandbox, "strict_unavailable", lambda: "no bubblewrap in this test")
+    with pytest.raises(ValueError, match=r"^env.sandbox: .*no bubblewrap in this test.*env.sandbox=weak"):
+        build_env(LMEnvConfig(name="math", sandbox="strict"))
+
+
+def test_held_out_tasks_come_from_the_env_spec():
+    from trace_rl.envs.calculator import make_tasks
+    from trace_rl.envs.registry import get_env
+
+    mix = {"steps": (2, 3), "digits": (1,)}
+    calc = get_env("calculator", calculator_mix=mix)
+    assert calc.held_out(5, 7) == make_tasks(5, seed=7, **mix)  # a seeded draw of the configured mix
+    assert calc.group(calc.held_out(1, 7)[0]).startswith("steps=")
+    bfcl = get_env("bfcl")
+    first = next(iter(bfcl.benchmarks.values()))
+    assert [t.get("id") for t in bfcl.held_out(3, 7)] == [t.get("id") for t in first(3)]  # a fixed benchmark
+
+
+class _RecordingBackend:
+    def __init__(self):
+        self.calls = []
+
+    def update_weights(self, state_dict=None):
+        self.calls.append(state_dict)
+        return len(self.calls)
+
+
+class _Model:
+    def state_dict(self):
+        return {"w": 1.0}
+
+
+def test_sync_weights_moves_weights_only_to_a_backend_that_does_not_share_the_model():
+    from trace_rl.stack.build import PolicyStack
+
+    shared = PolicyStack(_RecordingBackend(), tokenizer=None, model=_Model(), shares_model=True)
+    shared.sync_weights()
+    assert shared.backend.calls == [None]  # hf: the backend samples from the updated object itself
+    engine = PolicyStack(_RecordingBackend(), tokenizer=None, model=_Model(), shares_model=False)
+    engine.sync_weights()
+    assert engine.backend.calls == [{"w": 1.0}]  # vllm: the state dict is pushed into the engine
