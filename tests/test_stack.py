@@ -167,3 +167,19 @@ def test_sync_weights_moves_weights_only_to_a_backend_that_does_not_share_the_mo
     engine = PolicyStack(_RecordingBackend(), tokenizer=None, model=_Model(), shares_model=False)
     engine.sync_weights()
     assert engine.backend.calls == [{"w": 1.0}]  # vllm: the state dict is pushed into the engine
+
+
+def test_each_compare_run_gets_its_own_resolved_config(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from trace_rl.train import compare
+
+    seen = {}
+
+    def fake_train(run_cfg, config_yaml=""):
+        seen[(run_cfg.method, run_cfg.seed)] = config_yaml
+        raise SystemExit  # stop after the first run: only its arguments matter here
+
+    monkeypatch.setattr(compare, "train", fake_train)
+    with pytest.raises(SystemExit):
+        compare.run_compare(compare.CompareConfig(out=str(tmp_path), methods=["trace"], seeds=[3]))
+    assert "method: trace" in seen[("trace", 3)] and "seed: 3" in seen[("trace", 3)]

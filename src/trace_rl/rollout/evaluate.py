@@ -3,9 +3,8 @@ success of a policy by difficulty (`trace-rl sft`'s report; its episodes come ba
 report's samples can warm-start a predictor).
 
 Episodes run through the TRACE step's own actor (`LMActor.run_episodes`): the same sampling, environment
-stepping and stopping as training's trees. Sample s of task i has its own seed, derive_seed(seed, i, s), so a
-result depends on neither the batch size nor which other tasks are evaluated alongside it. Batches only bound
-memory (`batch` episodes in flight).
+stepping and stopping as training's trees. Sample s of the i-th task has its own seed, derive_seed(seed, i, s),
+so a result does not depend on the batch size: batches only bound memory (`batch` episodes in flight).
 """
 
 from __future__ import annotations

@@ -79,6 +79,8 @@ def load_runs(out: Path, methods: list[str], seeds: list[int]) -> dict[str, list
 
 
 def run_compare(cfg: CompareConfig, config_yaml: str = "") -> list[dict]:
+    from omegaconf import OmegaConf
+
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if config_yaml:
@@ -89,7 +91,7 @@ def run_compare(cfg: CompareConfig, config_yaml: str = "") -> list[dict]:
             run_cfg = copy.deepcopy(cfg.train)
             run_cfg.method, run_cfg.seed, run_cfg.out = method, seed, str(out / method / f"seed{seed}")
             print(f"== {method}, seed {seed}", file=sys.stderr)
-            summary = train(run_cfg)
+            summary = train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)))  # each run's own config
             summary["records"] = read_metrics(Path(run_cfg.out) / "metrics.jsonl")[method]
             runs.setdefault(method, []).append(summary)
     rows = summarize_compare(runs)
