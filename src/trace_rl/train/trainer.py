@@ -75,8 +75,11 @@ class TrainConfig:
         unknown = [s for s in self.logger if s not in SINKS]
         if unknown:
             raise ValueError(f"logger: unknown {unknown}; choose from {', '.join(SINKS)}")
-        if "jsonl" not in self.logger:  # the run's record, which resume, compare and the plots read
-            raise ValueError(f"logger: must include jsonl (got {','.join(self.logger) or 'none'}); add console, ...")
+        if "jsonl" not in self.logger:
+            raise ValueError(
+                f"logger: must include jsonl, the metrics file that resume, compare and the plots read "
+                f"(got {','.join(self.logger) or 'none'})"
+            )
         check_seed(self.seed)
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
