@@ -19,9 +19,23 @@ changelog), so an extra harmless call in a turn that expects none is valid here 
 the runner's step limit (MAXIMUM_STEP_LIMIT, 20): the step after it still runs, then the episode is force-quit,
 as the runner does. Functions that miss_func holds back are missing from the prompt until their turn, but
 run when called, as in the runner (some ground truths call one early: multi_turn_miss_func_49 calls `tail`).
-One difference remains: the runner ends a turn on output it cannot decode; this environment answers with an
-error and lets the agent retry (those steps count towards the limit). Only calls this environment executed
-are recorded for the checker, which `eval`s them: calls with non-literal arguments never reach it.
+Calls are read as the runner's prompting decoder (default_decode_execute_prompting) reads them: keyword
+arguments only, positional ones dropped (`sort('final_report.pdf')` runs and is scored as `sort()`, and the
+observation says so), written back by the package's own decoded_output_to_execution_list. Differences that
+remain: the runner ends a turn on output it cannot decode, this environment answers with an error and lets
+the agent retry (those steps count towards the limit); the runner's decoder `eval`s arithmetic and lambdas
+in arguments, this environment refuses them. Only calls this environment executed are recorded for the
+checker, which `eval`s them: calls with non-literal arguments never reach it.
+
+Time: each backend call may take `call_timeout_s` (the runner has no limit; `power(base=10,
+exponent=10**7)` took 21 s). A step's calls first run on a forked copy of the process (`run_bounded`); a call
+past the limit is stopped there and reported, and only the calls before it then run here for real, each
+known to finish because the backends are deterministic given their state, which the copy shares. Scoring
+runs the checker in a forked copy too, allowing the per-call limit for every call it replays; past it the
+episode fails (error_type "trace_rl:scoring"). The trade-off: one fork per step with calls and one per
+episode (milliseconds in a small process, more with a large address space), and each call runs twice;
+bounding arguments instead would need a cost model of every backend function. Where fork is unavailable
+(not Linux or macOS), calls run unbounded.
 
 No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
 backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by
@@ -165,7 +179,6 @@ def run_bounded(fn, timeout_s: float):
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
-                    os.kill(pid, signal.SIGKILL)
                     return "timeout", None, ticks
                 chunk = os.read(r, 1 << 16)
                 if not chunk:
@@ -176,8 +189,9 @@ def run_bounded(fn, timeout_s: float):
                     deadline = time.monotonic() + timeout_s if head else deadline
                     chunk = bang + rest
                 data += chunk
-    finally:
+    finally:  # past the deadline, or done (it has written all and is exiting), or the caller was interrupted
         os.close(r)
+        os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     try:
         status, value = pickle.loads(bytes(data[1:]))
