@@ -27,14 +27,14 @@ the agent retry (those steps count towards the limit); the runner's decoder `eva
 in arguments, this environment refuses them. Only calls this environment executed are recorded for the
 checker, which `eval`s them: calls with non-literal arguments never reach it.
 
-Time: each backend call may take `call_timeout_s` (the runner has no limit; `power(base=10,
-exponent=10**7)` took 21 s). A step's calls first run on a forked copy of the process (`run_bounded`); a call
-past the limit is stopped there and reported, and only the calls before it then run here for real, each
-known to finish because the backends are deterministic given their state, which the copy shares. Scoring
-runs the checker in a forked copy too, allowing the per-call limit for every call it replays; past it the
-episode fails (error_type "trace_rl:scoring"). The trade-off: one fork per step with calls and one per
-episode (milliseconds in a small process, more with a large address space), and each call runs twice;
-bounding arguments instead would need a cost model of every backend function. Where fork is unavailable
+Time: each backend call may take `call_timeout_s`, the calls of one step together STEP_BUDGET times that,
+scoring SCORE_BUDGET times that (the runner has no limit; `power(base=10, exponent=10**7)` took 21 s). A
+step's calls first run on a forked copy of the process (`run_bounded`); a call past the limit is stopped there
+and reported, and only the calls before it then run here for real, each known to finish because the backends
+are deterministic given their state, which the copy shares. Scoring runs the checker in a forked copy too;
+past its budget the episode fails (error_type "trace_rl:scoring"). The trade-off: one fork per step with calls
+and one per episode (milliseconds in a small process, more with a large address space), and each call runs
+twice; bounding arguments instead would need a cost model of every backend function. Where fork is unavailable
 (not Linux or macOS), calls run unbounded.
 
 No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
@@ -66,6 +66,8 @@ from .base import cap_observation, parse_action, tool_failure
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT; BFCLEnv() reads the installed value
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
 TOOLS = ("call", "done")
+STEP_BUDGET = 5  # the calls of one step together may take this many times call_timeout_s
+SCORE_BUDGET = 15  # and the checker's replay of an episode this many times
 _run_ids = itertools.count()
 
 
@@ -149,11 +151,11 @@ def _call_one(owner, name: str, kwargs: dict) -> str:
         return f"Error during execution: {err}"
 
 
-def run_bounded(fn, timeout_s: float):
+def run_bounded(fn, timeout_s: float, total_s: float | None = None):
     """`fn(tick)` in a forked copy of this process with a deadline: ("ok", value, ticks), ("timeout", None,
     ticks) or ("error", message, ticks). Each `tick()` the child makes restarts the deadline (a per-item limit)
-    and is counted. The value comes back pickled; the copy's side effects die with it. Where fork is
-    unavailable, `fn` runs here, unbounded."""
+    and is counted; `total_s` bounds the whole. The value comes back pickled; the copy's side effects die with
+    it. Where fork is unavailable, `fn` runs here, unbounded."""
     if not hasattr(os, "fork"):
         return "ok", fn(lambda: None), 0
     r, w = os.pipe()
@@ -173,11 +175,12 @@ def run_bounded(fn, timeout_s: float):
             os._exit(0)
     os.close(w)
     data, ticks, deadline = bytearray(), 0, time.monotonic() + timeout_s
+    end = time.monotonic() + (total_s if total_s is not None else float("inf"))
     try:
         with selectors.DefaultSelector() as sel:
             sel.register(r, selectors.EVENT_READ)
             while True:
-                left = deadline - time.monotonic()
+                left = min(deadline, end) - time.monotonic()
                 if left <= 0 or not sel.select(left):
                     return "timeout", None, ticks
                 chunk = os.read(r, 1 << 16)
@@ -202,8 +205,9 @@ def run_bounded(fn, timeout_s: float):
 
 def _probe(calls: list, timeout_s: float) -> int | None:
     """Run `calls` ((owner, name, kwargs, ...) each) in order on a forked copy of the backends; the index of the
-    first one that did not finish within `timeout_s`, or None when all did. The calls then run here for real,
-    each known to finish: the backends are deterministic given their state, which the copy shares at fork."""
+    first one that did not finish within `timeout_s` (or within the step's budget), or None when all did. The
+    calls then run here for real, each known to finish: the backends are deterministic given their state,
+    which the copy shares at fork."""
     if not calls:
         return None
 
@@ -212,7 +216,7 @@ def _probe(calls: list, timeout_s: float) -> int | None:
             _call_one(owner, name, kwargs)
             tick()
 
-    status, _, done = run_bounded(run_all, timeout_s)
+    status, _, done = run_bounded(run_all, timeout_s, STEP_BUDGET * timeout_s)
     return None if status == "ok" else done
 
 
@@ -337,9 +341,10 @@ class BFCLEnv:
             if stopped is not None and ran >= stopped:
                 ok = False
                 if ran == stopped:
+                    budget = STEP_BUDGET * self.call_timeout_s
                     results.append(
-                        f"Error: the call to {name} ran past the {self.call_timeout_s:g} s limit and was stopped "
-                        "(it had no effect; the calls after it were not run)"
+                        f"Error: the call to {name} ran past the {self.call_timeout_s:g} s limit (or the step's "
+                        f"calls past {budget:g} s) and was stopped; it had no effect, the calls after it did not run"
                     )
                 ran += 1
                 continue
@@ -409,9 +414,8 @@ class BFCLEnv:
                     del vars(multi_turn_utils)[key]
             return {k: v for k, v in verdict.items() if k in ("valid", "error_message", "error_type")}
 
-        # the checker runs every recorded call and every ground-truth call again: each gets the per-call limit
-        n_calls = sum(len(step) for turn in calls for step in turn) + sum(len(turn) for turn in truth)
-        limit = self.call_timeout_s * (1 + n_calls)
+        # the checker runs every recorded call and every ground-truth call again (milliseconds for a real episode)
+        limit = SCORE_BUDGET * self.call_timeout_s
         status, verdict, _ = run_bounded(check, limit)
         if status != "ok":
             what = f"ran past its {limit:g} s limit" if status == "timeout" else f"failed ({verdict})"
