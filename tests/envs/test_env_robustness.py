@@ -1,13 +1,18 @@
-"""Property test: every environment answers every action, random or adversarial, with an observation of
-bounded size; step() never raises on model text."""
+"""Property test: every environment answers every action, random or adversarial (up to 1 MB), with an
+observation of bounded size, within a bounded time; step() never raises on model text.
+
+The time bound is generous (STEP_BOUND_S, plus the sandbox's own limit for python[...]) and is not a speed
+claim: the cases it guards took 70 s (200 KB of "Action: x[" in a quadratic parser) or minutes (a BFCL call
+of unbounded cost) before, and take milliseconds now."""
 
 import random
+import time
 import urllib.error
 import warnings
 
 import pytest
 
-from trace_rl.envs.base import MAX_OBSERVATION_CHARS, cap_observation
+from trace_rl.envs.base import MAX_OBSERVATION_CHARS, ParsedAction, cap_observation, parse_action
 from trace_rl.envs.calculator import CalculatorEnv, make_tasks
 
 DEEP = 5000
@@ -37,11 +42,29 @@ ADVERSARIAL = [
     "Action: call[ls(" + "a=1, " * 2000 + ")]",
     "Action: call[mkdir(dir_name=" + "'x' * 10**9" + ")]",
 ]
+MB = 1_000_000
+HUGE = [  # about 1 MB each
+    "Action: x[" * (MB // 10),  # the quadratic parser's worst case
+    "Action:" * (MB // 7) + "]",
+    ("Action: x " * (MB // 10)) + "]",
+    "Action: " + " " * MB + "x]",
+    "Thought: " + "x" * MB + "\nAction: {tool}[1]",
+    "Action: {tool}[" + "(" * MB + "]",
+    "Action: {tool}[" + "[" * (MB // 2) + "]" * (MB // 2) + "]",
+    "Action: {tool}[" + "1+" * (MB // 2) + "1]",
+    "Action: {tool}[" + "9" * MB + "]",
+    "Action: {tool}[" + "x " * (MB // 2) + "]",
+    "Action: {tool}[" + "\ud800" * (MB // 4) + "]",
+    "Action: call[" + "pwd(), " * (MB // 20) + "pwd()]",
+    "Action: call[power(base=10, exponent=10000000)]",  # 21 s in one step before the per-call limit
+    "Action: call[power(base=10, exponent=" + "9" * 50 + ")]",
+]
+STEP_BOUND_S = 5.0
 ALPHABET = list("()[]{},.:;=+-*/'\"\\ \n\tabcxyz0123456789_") + ["\ud800", "\udfff", "\x00", "\u202e", "é", "🙂"]
 
 
 def random_actions(rng: random.Random, tools: tuple[str, ...], n: int) -> list[str]:
-    out = [a.format(tool=t) for a in ADVERSARIAL for t in tools]
+    out = [a.replace("{tool}", t) for a in ADVERSARIAL + HUGE for t in tools]
     for _ in range(n):
         arg = "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 60)))
         if rng.random() < 0.2:
@@ -52,14 +75,18 @@ def random_actions(rng: random.Random, tools: tuple[str, ...], n: int) -> list[s
     return out
 
 
-def drive(env, reset, actions: list[str], cap: int) -> int:
-    """Step through `actions`, resetting after each episode; every step must return a bounded observation."""
+def drive(env, reset, actions: list[str], cap: int, bound_s: float = STEP_BOUND_S) -> int:
+    """Step through `actions`, resetting after each episode; every step must return a bounded observation
+    within `bound_s` seconds."""
     reset()
     steps = 0
     for action in actions:
+        start = time.monotonic()
         obs, reward, done, info = env.step(action)
+        took = time.monotonic() - start
         assert isinstance(obs, str) and isinstance(reward, float) and isinstance(info, dict)
         assert len(obs) <= cap, f"{len(obs)} characters for {action[:60]!r}"
+        assert took < bound_s, f"{took:.1f} s for {action[:60]!r} ({len(action)} characters)"
         steps += 1
         if done:
             reset()
@@ -143,7 +170,8 @@ def test_math_never_raises():
             "Action: answer[\ud800]",
         ]
         task = {"question": "2+2?", "answer": "4"}
-        assert drive(env, lambda: env.reset(task), actions, MAX_OBSERVATION_CHARS + 40) == len(actions)
+        bound = STEP_BOUND_S + env.timeout_s  # a python[...] step may use the sandbox's whole limit
+        assert drive(env, lambda: env.reset(task), actions, MAX_OBSERVATION_CHARS + 40, bound) == len(actions)
 
 
 def test_bfcl_never_raises_and_caps_ten_thousand_calls():
@@ -159,4 +187,15 @@ def test_bfcl_never_raises_and_caps_ten_thousand_calls():
     assert obs.startswith("Error: could not parse") and not info["valid_action"]
     actions = random_actions(random.Random(4), ("call", "done"), 200)
     cap = env.max_observation_chars + 2000  # the next user message is appended after the cap
-    assert drive(env, lambda: env.reset(task), actions, cap) == len(actions)
+    # a step that ends the episode also scores it, and the checker runs the episode's calls again
+    assert drive(env, lambda: env.reset(task), actions, cap, 2 * STEP_BOUND_S) == len(actions)
+
+
+def test_the_parser_is_linear_on_a_megabyte_of_hostile_text():
+    """Every HUGE action parses; the bound is generous (the quadratic parser took minutes on the first)."""
+    for action in HUGE:
+        start = time.monotonic()
+        parsed = parse_action(action.replace("{tool}", "calc"), ("calc", "answer"))
+        assert time.monotonic() - start < 1.0, action[:40]
+        assert parsed.tool is None or parsed.tool == "calc"
+    assert parse_action("Thought: t\nAction: calc[a[1]] \n", ("calc",)) == ParsedAction("t", "calc", "a[1]")

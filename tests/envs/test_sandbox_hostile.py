@@ -1,6 +1,9 @@
-"""Hostile snippets against the strict sandbox, one or more per kind of escape that got past the audit hook,
-each judged from outside: the call answers within its limit plus a margin, files outside are unchanged, no
-process is left, nothing connects, no host secret shows, host memory stays flat."""
+"""Hostile snippets against the strict sandbox, one or more per kind of escape that got past the audit hook or
+of resource the limits did not cover, each judged from outside: the call answers within its limit plus a margin,
+files outside are unchanged, no process is left, nothing connects, no host secret shows, host memory stays flat
+(the host's own RSS for output; the machine's shared memory for SysV segments and memfd files), the number of
+threads is bounded, only the tool's packages are importable, a killed caller's temp dir is swept, and an error
+after a flood of output still shows its last line."""
 
 import os
 import signal
@@ -13,7 +16,7 @@ import uuid
 
 import pytest
 
-from trace_rl.envs import sandbox
+from trace_rl.envs import sandbox, sandbox_host
 from trace_rl.envs.sandbox import run_python
 
 WHY = sandbox.strict_unavailable()
@@ -238,7 +241,9 @@ def test_a_gigabyte_of_output_keeps_host_memory_flat():
     finally:
         done.set()
         watcher.join()
-    assert res.ok and res.stdout == "x" * 1000 and res.stderr == "e" * 1000
+    assert res.ok and res.stdout == "x" * 1000
+    assert len(res.stderr) <= 1000 and res.stderr.startswith("eee") and res.stderr.endswith("eee")
+    assert "middle cut" in res.stderr
     assert peak[0] - base < 64 << 20, f"host grew by {(peak[0] - base) >> 20} MiB"
 
 
@@ -275,3 +280,156 @@ def test_signal_exit_is_reported():
     res = hostile("import ctypes\nctypes.string_at(0)")  # SIGSEGV inside
     assert not res.ok and "signal 11" in res.observation()
     assert hasattr(signal, "SIGSEGV")
+
+
+# -- memory that RLIMIT_AS does not count ----------------------------------------------------------------------------
+def _shmem() -> int:
+    """The machine's shared memory (SysV segments, memfd files and tmpfs pages), in bytes."""
+    with open("/proc/meminfo") as fh:
+        return next(int(line.split()[1]) << 10 for line in fh if line.startswith("Shmem:"))
+
+
+def held_outside(code: str, **kw):
+    """Run `code` while sampling the machine's shared memory; the result and the peak growth in MiB."""
+    base, peak, done = _shmem(), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _shmem())
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    try:
+        res = hostile(code, **kw)
+    finally:
+        done.set()
+        watcher.join()
+    return res, (peak[0] - base) >> 20
+
+
+def test_sysv_shared_memory_is_refused_and_holds_nothing():
+    # the audit's loop: a segment outlives shmdt, so 512 MiB segments held 2 GB past a 1 GiB limit
+    res, grown = held_outside(
+        "import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.shmat.restype = ctypes.c_void_p\nheld = 0\n"
+        "for _ in range(4):\n"
+        "    sid = libc.shmget(0, 256 << 20, 0o1600)\n"  # IPC_PRIVATE, IPC_CREAT | 0600
+        "    if sid < 0: print('shmget', ctypes.get_errno()); break\n"
+        "    addr = libc.shmat(sid, None, 0)\n"
+        "    ctypes.memset(addr, 1, 256 << 20); libc.shmdt(ctypes.c_void_p(addr)); held += 1\n"
+        "print('held', held)\ntime.sleep(1.5)\n",
+        limit=4.0,
+        memory_mb=256,
+    )
+    assert "shmget 1" in res.stdout and "held 0" in res.stdout, res.observation()  # EPERM
+    assert grown < 128, f"shared memory grew by {grown} MiB"
+
+
+def test_memfd_files_are_refused_and_hold_nothing():
+    res, grown = held_outside(
+        "import os, time\nfds = []\ntry:\n"
+        "    for _ in range(40):\n"
+        "        fd = os.memfd_create('x'); os.write(fd, b'x' * (16 << 20)); fds.append(fd)\n"
+        "except OSError as e: print('memfd', e.errno)\nprint('held', len(fds))\ntime.sleep(1.5)\n",
+        limit=4.0,
+        memory_mb=256,
+    )
+    assert "memfd 1" in res.stdout and "held 0" in res.stdout, res.observation()
+    assert grown < 128, f"shared memory grew by {grown} MiB"
+
+
+def test_message_queues_and_semaphores_are_refused():
+    res = hostile(
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "for name, call in [('msgget', lambda: libc.msgget(0, 0o1600)), ('semget', lambda: libc.semget(0, 1, 0o1600)),"
+        " ('mq_open', lambda: libc.mq_open(b'/q', 0o102, 0o600, None))]:\n"
+        "    print(name, call(), ctypes.get_errno())\n"
+    )
+    for name in ("msgget", "semget", "mq_open"):
+        assert f"{name} -1 1" in res.stdout, res.observation()
+
+
+# -- processes: threads are bounded even when the caller is root ------------------------------------------------------
+def test_a_thread_bomb_with_small_stacks_stops_at_the_process_limit(tag):
+    if os.geteuid() == 0 and sandbox_host.pids_cgroup_root() is None:
+        pytest.skip("root without a delegated pids cgroup: RLIMIT_NPROC cannot bind (documented in envs/sandbox.py)")
+    res = hostile(
+        name_self(tag) + "import threading, time\nthreading.stack_size(64 << 10)\nn = 0\ntry:\n"
+        "    while n < 5000:\n"
+        "        threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); n += 1\n"
+        "except (RuntimeError, MemoryError) as e: print('stopped at', n)\n",
+        limit=4.0,
+    )
+    assert "stopped at" in res.stdout, res.observation()
+    assert int(res.stdout.split()[-1]) <= sandbox.NPROC
+    time.sleep(0.2)
+    assert named(tag) == []
+
+
+# -- files: only the tool's packages -------------------------------------------------------------------------------
+def test_only_the_tool_packages_and_the_standard_library_are_visible():
+    site_dirs = sandbox._site_dirs()
+    res = hostile(
+        "import json, os, importlib.util as u\n"
+        f"print(json.dumps({{d: sorted(os.listdir(d)) for d in {site_dirs!r}}}))\n"
+        "print(json.dumps({m: u.find_spec(m) is not None for m in "
+        "['numpy', 'sympy', 'mpmath', 'torch', 'trace_rl', 'pytest', 'bfcl_eval', 'fractions']}))\n"
+        "import numpy, sympy; print(int(numpy.arange(4).sum()), sympy.factorint(12))\n"
+    )
+    import json
+
+    listing, found = (json.loads(line) for line in res.stdout.splitlines()[:2])
+    allowed = {n for pkg in sandbox.TOOL_PACKAGES for n in (pkg, f"{pkg}.libs")}
+    assert listing and all(set(names) <= allowed for names in listing.values()), listing
+    assert found == {
+        "numpy": True,
+        "sympy": True,
+        "mpmath": True,
+        "torch": False,
+        "trace_rl": False,
+        "pytest": False,
+        "bfcl_eval": False,
+        "fractions": True,
+    }
+    assert res.stdout.splitlines()[2] == "6 {2: 2, 3: 1}"
+
+
+# -- a caller killed mid-call leaves nothing for long --------------------------------------------------------------
+def test_a_killed_callers_temp_dir_is_swept_at_the_next_start(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    call = "from trace_rl.envs.sandbox import run_python; run_python('import time; time.sleep(60)', 60)"
+    caller = subprocess.Popen([sys.executable, "-c", call], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("trace-rl-sandbox-*")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = list(tmp_path.glob(f"trace-rl-sandbox-{caller.pid}-*"))
+        assert left, "the caller never started its call"
+    finally:
+        caller.kill()  # SIGKILL: no finally block of the caller runs
+        caller.wait()
+    time.sleep(0.5)  # die-with-parent ends the sandbox
+    assert all(p.exists() for p in left)
+    mine = tmp_path / f"trace-rl-sandbox-{os.getpid()}-live"  # a live owner's dir stays
+    mine.mkdir()
+    sweeper = subprocess.run(
+        [sys.executable, "-c", "from trace_rl.envs.sandbox_host import sweep_stale; print(sweep_stale())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert sweeper.returncode == 0, sweeper.stderr
+    assert not any(p.exists() for p in left) and mine.exists()
+
+
+# -- the error's last line survives a flood of output -------------------------------------------------------------
+def test_the_exception_line_survives_a_flood_of_stderr():
+    res = hostile(
+        "import sys\nsys.stderr.write('noise\\n' * 100000)\n"
+        "def deep(n): return deep(n - 1) if n else 1 / 0\ndeep(50)\n",
+        max_output=500,
+    )
+    assert not res.ok and res.observation().endswith("Error: ZeroDivisionError: division by zero")
+    assert len(res.stderr) <= 500 and res.stderr.startswith("noise") and "middle cut" in res.stderr

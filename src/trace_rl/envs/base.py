@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 MAX_OBSERVATION_CHARS = 8000
-ACTION_RE = re.compile(r"Action:\s*([A-Za-z_][\w\-]*)\s*\[(.*)\]\s*$", re.DOTALL)
+# "Action:", the tool's name and the opening bracket, without the argument: a search for it is linear (the
+# name scans of two "Action:" never overlap); the argument's end is found apart, as the text's last "]"
+_ACTION_HEAD = re.compile(r"Action:\s*([A-Za-z_][\w\-]*)\s*\[")
 
 
 class AgentEnv(Protocol):
@@ -40,18 +42,20 @@ class ParsedAction:
 
 
 def parse_action(text: str, tools: tuple[str, ...]) -> ParsedAction:
-    """'Thought: ...\\nAction: tool[argument]' -> its parts, or an error that names the expected format."""
+    """'Thought: ...\\nAction: tool[argument]' -> its parts, or an error that names the expected format.
+
+    The action is the first "Action:" followed by `tool[`, whose argument runs to the text's last "]" (only
+    whitespace may follow it); the thought is what precedes the first "Action:". Linear in the text (one regex
+    searching for the whole pattern, argument included, was quadratic: 200 KB of "Action: x[" took a minute)."""
     text = text.strip()
-    thought = ""
-    if "Action:" in text:
-        head, _, _ = text.partition("Action:")
-        thought = head.replace("Thought:", "", 1).strip()
-        text = "Action:" + text.split("Action:", 1)[1]
-    m = ACTION_RE.search(text)
+    head, sep, _ = text.partition("Action:")
+    thought = head.replace("Thought:", "", 1).strip() if sep else ""
     expected = " or ".join(f"{t}[...]" for t in tools)
-    if not m:
+    # the "[" found is never the text's last character, which is the closing "]"
+    m = _ACTION_HEAD.search(text, len(head)) if sep and text.endswith("]") else None
+    if m is None:
         return ParsedAction(thought, None, "", f"Invalid action format. Write: Action: {expected}")
-    tool, arg = m.group(1), m.group(2).strip()
+    tool, arg = m.group(1), text[m.end() : -1].strip()
     if tool not in tools:
         return ParsedAction(thought, None, arg, f"Unknown tool '{tool[:40]}'. Available: {expected}")
     return ParsedAction(thought, tool, arg)

@@ -19,9 +19,23 @@ changelog), so an extra harmless call in a turn that expects none is valid here 
 the runner's step limit (MAXIMUM_STEP_LIMIT, 20): the step after it still runs, then the episode is force-quit,
 as the runner does. Functions that miss_func holds back are missing from the prompt until their turn, but
 run when called, as in the runner (some ground truths call one early: multi_turn_miss_func_49 calls `tail`).
-One difference remains: the runner ends a turn on output it cannot decode; this environment answers with an
-error and lets the agent retry (those steps count towards the limit). Only calls this environment executed
-are recorded for the checker, which `eval`s them: calls with non-literal arguments never reach it.
+Calls are read as the runner's prompting decoder (default_decode_execute_prompting) reads them: keyword
+arguments only, positional ones dropped (`sort('final_report.pdf')` runs and is scored as `sort()`, and the
+observation says so), written back by the package's own decoded_output_to_execution_list. Differences that
+remain: the runner ends a turn on output it cannot decode, this environment answers with an error and lets
+the agent retry (those steps count towards the limit); the runner's decoder `eval`s arithmetic and lambdas
+in arguments, this environment refuses them. Only calls this environment executed are recorded for the
+checker, which `eval`s them: calls with non-literal arguments never reach it.
+
+Time: each backend call may take `call_timeout_s`, the calls of one step together STEP_BUDGET times that,
+scoring SCORE_BUDGET times that (the runner has no limit; `power(base=10, exponent=10**7)` took 21 s). A
+step's calls first run on a forked copy of the process (`run_bounded`); a call past the limit is stopped there
+and reported, and only the calls before it then run here for real, each known to finish because the backends
+are deterministic given their state, which the copy shares. Scoring runs the checker in a forked copy too;
+past its budget the episode fails (error_type "trace_rl:scoring"). The trade-off: one fork per step with calls
+and one per episode (milliseconds in a small process, more with a large address space), and each call runs
+twice; bounding arguments instead would need a cost model of every backend function. Where fork is unavailable
+(not Linux or macOS), calls run unbounded.
 
 No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
 backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by
@@ -33,11 +47,18 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import importlib
 import importlib.util
 import inspect
 import itertools
 import json
+import os
+import pickle
+import selectors
+import signal
+import time
+import warnings
 from pathlib import Path
 
 from .base import cap_observation, parse_action, tool_failure
@@ -45,6 +66,8 @@ from .base import cap_observation, parse_action, tool_failure
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT; BFCLEnv() reads the installed value
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
 TOOLS = ("call", "done")
+STEP_BUDGET = 5  # the calls of one step together may take this many times call_timeout_s
+SCORE_BUDGET = 15  # and the checker's replay of an episode this many times
 _run_ids = itertools.count()
 
 
@@ -104,11 +127,110 @@ def describe(doc: dict) -> str:
     return f"{doc['name']}({args}): {desc[:160]}"
 
 
+@functools.cache
+def official_execution_list():
+    """bfcl-eval's decoded_output_to_execution_list: how its prompting decoder (default_decode_execute_prompting)
+    writes decoded calls back as the strings the runner executes and the checker scores. Its module imports
+    tree_sitter and more at import time (a --no-deps install lacks them), so the two pure formatting functions
+    are taken from the installed source and run as they are. The decoder's parsing half is not used here: it
+    `eval`s arithmetic and lambdas in arguments, which this environment refuses (arguments are literals)."""
+    path = bfcl_root() / "model_handler" / "utils.py"
+    wanted = {"decoded_output_to_execution_list", "parse_nested_value"}
+    nodes = [n for n in ast.parse(path.read_text()).body if getattr(n, "name", "") in wanted]
+    namespace: dict = {}
+    exec(compile(ast.Module(nodes, []), str(path), "exec"), namespace)  # noqa: S102 (the package's own code)
+    return namespace["decoded_output_to_execution_list"]
+
+
+def _call_one(owner, name: str, kwargs: dict) -> str:
+    """One backend call and its result as the agent reads it; the backend's own error, as BFCL shows it."""
+    try:
+        out = getattr(owner, name)(**kwargs)
+        return out if isinstance(out, str) else json.dumps(out, default=str)
+    except Exception as err:  # noqa: BLE001
+        return f"Error during execution: {err}"
+
+
+def run_bounded(fn, timeout_s: float, total_s: float | None = None):
+    """`fn(tick)` in a forked copy of this process with a deadline: ("ok", value, ticks), ("timeout", None,
+    ticks) or ("error", message, ticks). Each `tick()` the child makes restarts the deadline (a per-item limit)
+    and is counted; `total_s` bounds the whole. The value comes back pickled; the copy's side effects die with
+    it. Where fork is unavailable, `fn` runs here, unbounded."""
+    if not hasattr(os, "fork"):
+        return "ok", fn(lambda: None), 0
+    r, w = os.pipe()
+    with warnings.catch_warnings():  # 3.12+ warns on fork in a threaded process; the child runs pure Python only
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never returns, never runs the parent's cleanup
+        try:
+            os.close(r)
+            try:
+                payload = pickle.dumps(("ok", fn(lambda: os.write(w, b"."))))
+            except BaseException as err:  # noqa: BLE001
+                payload = pickle.dumps(("error", f"{type(err).__name__}: {str(err)[:200]}"))
+            with os.fdopen(w, "wb") as fh:
+                fh.write(b"!" + payload)
+        finally:
+            os._exit(0)
+    os.close(w)
+    data, ticks, deadline = bytearray(), 0, time.monotonic() + timeout_s
+    end = time.monotonic() + (total_s if total_s is not None else float("inf"))
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(r, selectors.EVENT_READ)
+            while True:
+                left = min(deadline, end) - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    return "timeout", None, ticks
+                chunk = os.read(r, 1 << 16)
+                if not chunk:
+                    break
+                if not data:  # still in the ticks: each one restarts the clock
+                    head, bang, rest = chunk.partition(b"!")
+                    ticks += len(head)
+                    deadline = time.monotonic() + timeout_s if head else deadline
+                    chunk = bang + rest
+                data += chunk
+    finally:  # past the deadline, or done (it has written all and is exiting), or the caller was interrupted
+        os.close(r)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    try:
+        status, value = pickle.loads(bytes(data[1:]))
+    except Exception:  # noqa: BLE001 (the child died before it wrote)
+        return "error", "the worker process died", ticks
+    return status, value, ticks
+
+
+def _probe(calls: list, timeout_s: float) -> int | None:
+    """Run `calls` ((owner, name, kwargs, ...) each) in order on a forked copy of the backends; the index of the
+    first one that did not finish within `timeout_s` (or within the step's budget), or None when all did. The
+    calls then run here for real, each known to finish: the backends are deterministic given their state,
+    which the copy shares at fork."""
+    if not calls:
+        return None
+
+    def run_all(tick) -> None:
+        for owner, name, kwargs, *_ in calls:
+            _call_one(owner, name, kwargs)
+            tick()
+
+    status, _, done = run_bounded(run_all, timeout_s, STEP_BUDGET * timeout_s)
+    return None if status == "ok" else done
+
+
 class BFCLEnv:
-    def __init__(self, steps_per_turn: int | None = None, max_observation_chars: int = 100_000):
-        """steps_per_turn: the per-turn step limit; None means the official runner's (20)."""
+    def __init__(
+        self, steps_per_turn: int | None = None, max_observation_chars: int = 100_000, call_timeout_s: float = 2.0
+    ):
+        """steps_per_turn: the per-turn step limit; None means the official runner's (20). call_timeout_s: the
+        time one backend call may take, at the step and again at scoring (the official runner has none)."""
         if steps_per_turn is not None and (not isinstance(steps_per_turn, int) or steps_per_turn < 1):
             raise ValueError(f"steps_per_turn must be a positive integer or None, got {steps_per_turn!r}")
+        if not isinstance(call_timeout_s, (int, float)) or not call_timeout_s > 0:
+            raise ValueError(f"call_timeout_s must be a positive number of seconds, got {call_timeout_s!r}")
+        self.call_timeout_s = float(call_timeout_s)
         self.steps_per_turn = steps_per_turn or _official_step_limit()
         self.max_observation_chars = max_observation_chars
         self.force_quit = False
@@ -207,43 +329,60 @@ class BFCLEnv:
                 raise ValueError("each item must be a call like name(arg=value)")
         except (SyntaxError, ValueError, RecursionError, MemoryError) as err:  # deep nesting: the latter two
             return f"Error: could not parse the calls ({str(err)[:200]}). Write: call[f(a=1), g(b='x')]", False
-        results, strings, ok = [], [], True
-        for node in nodes:
-            name = node.func.id
-            # functions hidden in miss_func are left out of the prompt but run when called, as in the runner
-            owner = next(
-                (
-                    o
-                    for o in self.instances.values()
-                    if hasattr(o, name) and not name.startswith("_") and inspect.ismethod(getattr(o, name))
-                ),
-                None,
-            )
-            if owner is None:
-                results.append(f"Error: no function named {name!r} is available")
-                ok = False
+        plan = [self._decode(node) for node in nodes]  # (owner, name, kwargs, recorded string, note) or an error
+        calls = [p for p in plan if not isinstance(p, str)]
+        stopped = _probe(calls, self.call_timeout_s)  # the first call that ran past the limit on a copy, or None
+        results, strings, ok, ran = [], [], all(not isinstance(p, str) for p in plan), 0
+        for item in plan:
+            if isinstance(item, str):
+                results.append(item)
                 continue
-            try:
-                args = [ast.literal_eval(a) for a in node.args]
-                kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-                results.append(f"Error: arguments of {name} must be literal values")
+            owner, name, kwargs, string, note = item
+            if stopped is not None and ran >= stopped:
                 ok = False
+                if ran == stopped:
+                    budget = STEP_BUDGET * self.call_timeout_s
+                    results.append(
+                        f"Error: the call to {name} ran past the {self.call_timeout_s:g} s limit (or the step's "
+                        f"calls past {budget:g} s) and was stopped; it had no effect, the calls after it did not run"
+                    )
+                ran += 1
                 continue
-            try:
-                strings.append(ast.unparse(node))  # recorded for the checker only once it has run here
-            except RecursionError:
-                results.append(f"Error: the call to {name} is nested too deeply")
-                ok = False
-                continue
-            try:
-                out = getattr(owner, name)(*args, **kwargs)
-                results.append(out if isinstance(out, str) else json.dumps(out, default=str))
-            except Exception as err:  # the backend's own error, shown as BFCL shows it
-                results.append(f"Error during execution: {err}")
+            strings.append(string)  # recorded for the checker only once it has run here
+            results.append(_call_one(owner, name, kwargs) + note)
+            ran += 1
         if strings:  # the runner drops steps that decode to no call
             self.calls[self.turn_index].append(strings)
         return "\n".join(str(r) for r in results), ok
+
+    def _decode(self, node: ast.Call):
+        """A call as the official prompting decoder keeps it (keyword arguments only, formatted by its own
+        decoded_output_to_execution_list), with its literal arguments; or an error message."""
+        name = node.func.id
+        # functions hidden in miss_func are left out of the prompt but run when called, as in the runner
+        owner = next(
+            (
+                o
+                for o in self.instances.values()
+                if hasattr(o, name) and not name.startswith("_") and inspect.ismethod(getattr(o, name))
+            ),
+            None,
+        )
+        if owner is None:
+            return f"Error: no function named {name!r} is available"
+        try:
+            if any(k.arg is None for k in node.keywords):
+                raise ValueError("**kwargs")
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            string = official_execution_list()([{name: kwargs}])[0]
+            decoded = ast.parse(string, mode="eval").body  # what the runner executes: the formatted call
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in decoded.keywords}
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError, AttributeError):
+            return f"Error: arguments of {name} must be literal values passed by name"
+        note = (
+            f"\n(Note: {name}'s positional arguments were dropped, as BFCL's decoder drops them.)" if node.args else ""
+        )
+        return owner, name, kwargs, string, note
 
     def _force_quit(self, obs: str, info: dict) -> tuple[str, float, bool, dict]:
         """The runner's answer to a turn past the step limit: stop the episode here and score what was done."""
@@ -264,15 +403,24 @@ class BFCLEnv:
             return 0.0, {"valid": False, "error_type": "multi_turn:force_terminated", "error_message": message}
         name = f"trace_rl_run{next(_run_ids)}"
         entry = {k: self.task[k] for k in ("id", "initial_config", "involved_classes")}
-        try:
-            verdict = multi_turn_checker(calls, truth, entry, self.task["category"], name)
-        except Exception as err:  # noqa: BLE001 (the checker asserts on malformed inputs; a failed episode)
-            verdict = {"valid": False, "error_message": f"checker error: {err}"}
-        finally:
-            for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
-                del vars(multi_turn_utils)[key]
-        kept = {k: v for k, v in verdict.items() if k in ("valid", "error_message", "error_type")}
-        return float(verdict["valid"]), kept
+
+        def check(tick) -> dict:
+            try:
+                verdict = multi_turn_checker(calls, truth, entry, self.task["category"], name)
+            except Exception as err:  # noqa: BLE001 (the checker asserts on malformed inputs; a failed episode)
+                verdict = {"valid": False, "error_message": f"checker error: {err}"}
+            finally:
+                for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
+                    del vars(multi_turn_utils)[key]
+            return {k: v for k, v in verdict.items() if k in ("valid", "error_message", "error_type")}
+
+        # the checker runs every recorded call and every ground-truth call again (milliseconds for a real episode)
+        limit = SCORE_BUDGET * self.call_timeout_s
+        status, verdict, _ = run_bounded(check, limit)
+        if status != "ok":
+            what = f"ran past its {limit:g} s limit" if status == "timeout" else f"failed ({verdict})"
+            verdict = {"valid": False, "error_type": "trace_rl:scoring", "error_message": f"scoring {what}"}
+        return float(bool(verdict["valid"])), verdict
 
 
 def _official_step_limit() -> int:
@@ -283,9 +431,22 @@ def _official_step_limit() -> int:
     return int(MAXIMUM_STEP_LIMIT)
 
 
+def keyword_form(call: str, env: BFCLEnv) -> str:
+    """`call` with its positional arguments passed by name (from the backend method's signature), the form the
+    official prompting decoder keeps whole; 24 of the 200 multi_turn_base ground truths need it."""
+    node = ast.parse(call, mode="eval").body
+    if not node.args:
+        return call
+    owner = next(o for o in env.instances.values() if hasattr(o, node.func.id))
+    names = [p for p in inspect.signature(getattr(owner, node.func.id)).parameters if p != "self"]
+    node.keywords = [ast.keyword(arg=n, value=v) for n, v in zip(names, node.args)] + node.keywords
+    node.args = []
+    return ast.unparse(node)
+
+
 def replay_ground_truth(task: dict, corrupt: bool = False) -> float:
-    """Run the ground-truth calls through a fresh env (optionally with the last call of the first non-empty
-    turn dropped) and return BFCL's verdict; used to show the env and the checker agree."""
+    """Run the ground-truth calls, in keyword form, through a fresh env (optionally with the last call of the
+    first non-empty turn dropped) and return BFCL's verdict; used to show the env and the checker agree."""
     env = BFCLEnv()
     env.reset(task)
     corrupted = False
@@ -295,7 +456,7 @@ def replay_ground_truth(task: dict, corrupt: bool = False) -> float:
             if corrupt and not corrupted:
                 calls, corrupted = calls[:-1], True
             if calls:
-                env.step("Action: call[" + ", ".join(calls) + "]")
+                env.step("Action: call[" + ", ".join(keyword_form(c, env) for c in calls) + "]")
         _, reward, done, _ = env.step("Action: done[]")
         if done:
             break

@@ -26,9 +26,12 @@ SYSTEM = (
 )
 
 
+_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
 def normalize_answer(s: str) -> str:
     s = s.lower()
-    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = s.translate(_NO_PUNCTUATION)  # linear; a set built per character made a 1 MB answer take 3 s
     s = re.sub(r"\b(a|an|the)\b", " ", s)
     return " ".join(s.split())
 

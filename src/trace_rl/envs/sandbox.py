@@ -1,31 +1,39 @@
 """Run model-written Python in a separate process, contained by the kernel (`strict`, the default) or, where
 namespaces are unavailable and the user opts in by name, by an audit hook inside the child (`weak`).
 
-strict (bubblewrap + a seccomp filter built with libseccomp) covers, for every call:
+strict (bubblewrap + a seccomp filter built with libseccomp, `envs.seccomp`) covers, for every call:
 - processes: a new PID namespace whose pid 1 is the snippet itself (no host process is visible, so none can
-  be signalled or traced; killing it ends the namespace), a new session, die-with-parent; a seccomp filter
-  refuses fork/vfork, clone without CLONE_THREAD (threads still work), clone3, ptrace, process_vm_*,
-  unshare/setns, mount and friends, bpf, perf_event_open, userfaultfd, io_uring, keyrings and module loading,
-  so the snippet stays the only process; RLIMIT_NPROC as well, which binds only when the caller is not root;
+  be signalled or traced; killing it ends the namespace), a new session, die-with-parent; the seccomp filter
+  refuses every way to a second process (fork, vfork, clone without CLONE_THREAD, clone3), so the snippet
+  stays the only one; threads work and are bounded by RLIMIT_NPROC (NPROC) when the caller is not root, and
+  by a per-call pids cgroup when the caller is root and the host delegates one (`envs.sandbox_host`);
+- memory: RLIMIT_AS, plus the seccomp filter refusing what RLIMIT_AS does not count (SysV shared memory,
+  message queues and semaphores, POSIX message queues, memfd files) and a new IPC namespace per call;
 - network: a new network namespace with loopback only, and socket()/socketpair() refused for every family
   but AF_UNIX: no connection and no DNS lookup leaves the sandbox;
-- files: a new mount namespace holding only an allow-list, read-only (/usr and the /lib, /bin links, the
-  interpreter's prefixes, the dynamic loader's files from /etc), a minimal /dev, the root and /dev remounted
-  read-only, no /proc and no /sys at all, and a size-capped tmpfs at /tmp as the only writable place and
-  working directory; so /etc/shadow, /root's contents and the rest of the host's files are absent, not
-  merely refused;
+- files: a new mount namespace holding only an allow-list, read-only: /usr and the /lib, /bin links, the
+  dynamic loader's files from /etc, the interpreter's prefixes (venv and base) with every site-packages
+  folder replaced by one that holds only TOOL_PACKAGES (numpy, sympy, mpmath and numpy's bundled libraries),
+  a minimal /dev, the root and /dev remounted read-only, no /proc and no /sys at all, and a size-capped tmpfs
+  at /tmp as the only writable place and working directory; so /etc/shadow, /root's contents, the trainer's
+  packages and the rest of the host's files are absent, not merely refused. Visible, read-only: /usr (system
+  Python packages under /usr/lib/python3 included when the interpreter is not the system one, since /usr is
+  bound whole), the standard library, the interpreter's bin/include/share folders, pyvenv.cfg;
 - identity and secrets: uid/gid 65534 inside a new user namespace, no capabilities, no_new_privs, an
   environment of a few fixed variables, and no /proc to read another process's environment from;
-- limits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, no core files, set before the
-  snippet runs; a wall-clock limit enforced from outside by killing the sandbox;
+- limits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, no core files, set before
+  the snippet runs; a wall-clock limit enforced from outside by killing the sandbox;
 - the host: stdout and stderr are read as they come and the host keeps at most 4 * `max_output` bytes of
-  each (the rest is read and dropped), so 1 GiB of output costs the host no memory.
+  stdout's head and of stderr's head and tail (the rest is read and dropped), so 1 GiB of output costs the
+  host no memory and an error after a flood of output still ends with its exception line; temp dirs a killed
+  caller left behind are swept by the next process's first call.
 Not covered: a kernel bug reachable through the syscalls that remain allowed (a VM or gVisor is the answer
-to that); the wall-clock time and CPU the snippet may use up to its limits; tmpfs pages, which count
-against the host's memory up to TMPFS_MB; reads of the allow-listed files. When the caller is root, the
-uid inside maps to root outside: files of the allow-list that only root may read are readable, and
-RLIMIT_NPROC does not bind, so the seccomp filter is what stops new processes; /proc and /sys are left out
-because root-owned entries there (sysctls) would be writable.
+to that); the wall-clock time and CPU the snippet may use up to its limits; host memory outside RLIMIT_AS
+that stays small and capped: tmpfs pages (up to TMPFS_MB), pipe and socket buffers (NOFILE descriptors),
+kernel memory per thread; reads of the allow-listed files. When the caller is root, the uid inside maps to
+root outside: files of the allow-list that only root may read are readable, and without a delegated pids
+cgroup the number of threads is bounded only by RLIMIT_AS (their stacks) and the wall clock; /proc and /sys
+are left out because root-owned entries there (sysctls) would be writable.
 
 weak (`sandbox="weak"`, warns once per process) runs the child with the same rlimits, wall clock and
 incremental output cap, and a PEP 578 audit hook that refuses writes outside a temporary directory, process
@@ -35,28 +43,32 @@ reaches libc, and the child sees the host's processes and files: a guard for car
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
 import functools
 import json
 import os
 import selectors
 import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import time
 import warnings
 from dataclasses import dataclass
 
+from . import seccomp
+from .sandbox_host import TMP_PREFIX, PidsCgroup, collect, sweep_stale
+
 MODES = ("strict", "weak")
 TMPFS_MB = 64  # the only writable place inside; its pages are host memory
 FSIZE_MB = 16
 NOFILE = 64
 NPROC = 64
+# What a math snippet may import beyond the standard library; every other installed package stays invisible.
+TOOL_PACKAGES = ("numpy", "sympy", "mpmath")
 UID = 65534  # nobody
 CODE_PATH = "/code/main.py"
 _ENV = {
@@ -104,109 +116,6 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-# -- strict: seccomp filter ---------------------------------------------------------------------------------------
-_DENY = (
-    "fork",
-    "vfork",
-    "ptrace",
-    "process_vm_readv",
-    "process_vm_writev",
-    "unshare",
-    "setns",
-    "mount",
-    "umount2",
-    "pivot_root",
-    "chroot",
-    "move_mount",
-    "open_tree",
-    "fsopen",
-    "fsmount",
-    "fsconfig",
-    "fspick",
-    "mount_setattr",
-    "bpf",
-    "perf_event_open",
-    "userfaultfd",
-    "keyctl",
-    "add_key",
-    "request_key",
-    "io_uring_setup",
-    "io_uring_enter",
-    "io_uring_register",
-    "init_module",
-    "finit_module",
-    "delete_module",
-    "kexec_load",
-    "kexec_file_load",
-    "open_by_handle_at",
-    "name_to_handle_at",
-    "swapon",
-    "swapoff",
-    "reboot",
-    "acct",
-    "quotactl",
-    "syslog",
-    "lookup_dcookie",
-)
-_ALLOW = 0x7FFF0000  # SCMP_ACT_ALLOW; a syscall of a foreign ABI kills (libseccomp's default)
-_CMP_NE, _CMP_MASKED_EQ = 1, 7  # enum scmp_compare
-_CLONE_THREAD = 0x00010000
-
-
-def _errno_action(code: int) -> int:
-    return 0x00050000 | code  # SCMP_ACT_ERRNO(code)
-
-
-class _Cmp(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
-
-
-@functools.cache
-def _seccomp_program() -> bytes:
-    """The BPF program, exported once by libseccomp (which also rejects syscalls of a foreign ABI)."""
-    lib = ctypes.CDLL(ctypes.util.find_library("seccomp") or "libseccomp.so.2")
-    lib.seccomp_init.restype = ctypes.c_void_p
-    lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add_array.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_uint32,
-        ctypes.c_int,
-        ctypes.c_uint,
-        ctypes.POINTER(_Cmp),
-    ]
-    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.seccomp_release.argtypes = [ctypes.c_void_p]
-    ctx = lib.seccomp_init(_ALLOW)
-    if not ctx:
-        raise OSError("seccomp_init failed")
-    try:
-
-        def rule(name: str, action: int, *cmps: _Cmp) -> None:
-            nr = lib.seccomp_syscall_resolve_name(name.encode())
-            if nr == -1:  # not a syscall this libseccomp knows: nothing to refuse
-                return
-            arr = (_Cmp * len(cmps))(*cmps) if cmps else None
-            if lib.seccomp_rule_add_array(ctx, action, nr, len(cmps), arr) != 0:
-                raise OSError(f"seccomp rule for {name} was rejected")
-
-        for name in _DENY:
-            rule(name, _errno_action(errno.EPERM))
-        # threads are clone(CLONE_THREAD | ...); anything else would be a new process
-        rule("clone", _errno_action(errno.EPERM), _Cmp(0, _CMP_MASKED_EQ, _CLONE_THREAD, 0))
-        # clone3 hides its flags in memory a filter cannot read; ENOSYS makes libc fall back to clone
-        rule("clone3", _errno_action(errno.ENOSYS))
-        for name in ("socket", "socketpair"):
-            rule(name, _errno_action(errno.EPERM), _Cmp(0, _CMP_NE, 1, 0))  # 1 = AF_UNIX
-        with tempfile.TemporaryFile() as fh:
-            if lib.seccomp_export_bpf(ctx, fh.fileno()) != 0:
-                raise OSError("seccomp_export_bpf failed")
-            fh.seek(0)
-            return fh.read()
-    finally:
-        lib.seccomp_release(ctx)
-
-
 # -- strict: the bubblewrap command -------------------------------------------------------------------------------
 def _python_dirs() -> list[str]:
     """The interpreter's prefixes (venv and base), as given and resolved, minus those already under /usr."""
@@ -221,6 +130,25 @@ def _python_dirs() -> list[str]:
             continue
         out.append(d)
     return out
+
+
+def _site_dirs() -> list[str]:
+    """The interpreter's site-packages folders (venv, base and distribution ones) that exist here."""
+    base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+    dirs = [*site.getsitepackages(), base["purelib"], base["platlib"]]
+    dirs += [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")]
+    out: list[str] = []
+    for d in dirs:
+        d = os.path.realpath(d)
+        if os.path.isdir(d) and d not in out:
+            out.append(d)
+    return out
+
+
+def _tool_package_paths(site_dir: str) -> list[str]:
+    """The folders of TOOL_PACKAGES (and their bundled shared libraries, `numpy.libs`) inside `site_dir`."""
+    names = [n for pkg in TOOL_PACKAGES for n in (pkg, f"{pkg}.libs")]
+    return [os.path.join(site_dir, n) for n in names if os.path.isdir(os.path.join(site_dir, n))]
 
 
 @functools.cache
@@ -260,6 +188,14 @@ def _bwrap_base() -> tuple[str, ...]:
     args += ["--dev", "/dev", "--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp"]
     for d in _python_dirs():
         args += ["--ro-bind", d, d]
+    # every site-packages folder is replaced by an empty tmpfs holding only the tool's packages, then made
+    # read-only: the snippet imports numpy/sympy/mpmath, not the trainer's stack (torch, transformers, this
+    # project's own source through its editable install)
+    for site_dir in _site_dirs():
+        args += ["--tmpfs", site_dir]
+        for path in _tool_package_paths(site_dir):
+            args += ["--ro-bind", path, path]
+        args += ["--remount-ro", site_dir]
     args += ["--chdir", "/tmp"]
     for key, value in _ENV.items():
         args += ["--setenv", key, value]
@@ -317,7 +253,7 @@ def strict_unavailable() -> str | None:
         return "it needs Linux namespaces"
     try:
         _bwrap_base()
-        _seccomp_program()
+        seccomp.program()
     except SandboxUnavailable as err:
         return str(err)
     except (OSError, AttributeError) as err:
@@ -355,52 +291,18 @@ def require(mode: str) -> str:
 
 
 # -- running and reading ------------------------------------------------------------------------------------------
-def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool]:
-    """Read both pipes as data comes, keeping at most `cap` bytes of each; True when the deadline passed."""
-    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    timed_out = False
-    with selectors.DefaultSelector() as sel:
-        for fd in bufs:
-            os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_READ)
-        while sel.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(left):
-                try:
-                    chunk = os.read(key.fd, 1 << 16)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(key.fd)
-                    continue
-                buf = bufs[key.fd]
-                if len(buf) < cap:
-                    buf += chunk[: cap - len(buf)]
-    if not timed_out:  # both pipes closed; the process may still run
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    out, err = bufs.values()
-    return bytes(out), bytes(err), timed_out
-
-
 def _finish(proc: subprocess.Popen, deadline: float, max_output: int, kill) -> SandboxResult:
     try:
-        out, err, timed_out = _collect(proc, deadline, 4 * max_output)
+        out, err, timed_out = collect(proc, deadline, 4 * max_output)
     finally:
         kill()
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-    clip = lambda b: b.decode("utf-8", "replace")[:max_output]
     code = proc.returncode
-    if code is not None and code > 128 and not err.strip():  # bwrap reports a child killed by signal N as 128+N
+    if code is not None and code > 128 and not err.total:  # bwrap reports a child killed by signal N as 128+N
         code = 128 - code
-    return SandboxResult(clip(out), clip(err), None if timed_out else code, timed_out)
+    return SandboxResult(out.text(max_output), err.text(max_output), None if timed_out else code, timed_out)
 
 
 def _write_code(work: str, code: str) -> str:
@@ -428,8 +330,8 @@ def _read_child_pid(info_fd: int, deadline: float) -> int | None:
 
 
 def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int) -> SandboxResult:
-    program = _seccomp_program()
-    with tempfile.TemporaryDirectory(prefix="trace-rl-sandbox-") as work:
+    program = seccomp.program()
+    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as work:
         os.chmod(work, 0o755)
         script = _write_code(work, code)
         seccomp_r, seccomp_w = os.pipe()
@@ -438,16 +340,24 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int) ->
             os.write(seccomp_w, program)  # a few hundred bytes: fits the pipe buffer, so no reader is needed yet
             os.close(seccomp_w)
             cmd = _strict_command(script, seccomp_r, info_w, timeout_s, memory_mb)
+            cgroup = PidsCgroup.make(NPROC)
+            if cgroup is not None:
+                cmd = cgroup.wrap(cmd)
             start = time.monotonic()
-            proc = subprocess.Popen(
-                cmd,
-                env=dict(_ENV),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(seccomp_r, info_w),
-                cwd=work,
-            )
+            try:
+                proc = subprocess.Popen(
+                    cmd,
+                    env=dict(_ENV),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(seccomp_r, info_w),
+                    cwd=work,
+                )
+            except BaseException:
+                if cgroup is not None:
+                    cgroup.remove()
+                raise
         finally:
             for fd in (seccomp_r, info_w):
                 os.close(fd)
@@ -479,6 +389,8 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int) ->
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+            if cgroup is not None:
+                cgroup.remove()
 
 
 # -- weak: the audit hook -----------------------------------------------------------------------------------------
@@ -533,7 +445,7 @@ def _weak_limits(memory_mb: int, cpu_s: int) -> None:
 
 
 def _run_weak(code: str, timeout_s: float, memory_mb: int, max_output: int) -> SandboxResult:
-    with tempfile.TemporaryDirectory(prefix="trace-rl-sandbox-") as work:
+    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as work:
         script = _write_code(work, _GUARD + "\ndel _os, _sys\n" + code)
         env = {**_ENV, "HOME": work, "TMPDIR": work}
         start = time.monotonic()
@@ -565,5 +477,6 @@ def run_python(
     Raises ValueError for an unknown `mode` and SandboxUnavailable when `mode="strict"` cannot run here.
     """
     require(mode)
+    sweep_stale()
     run = _run_strict if mode == "strict" else _run_weak
     return run(code, timeout_s, memory_mb, max_output)
