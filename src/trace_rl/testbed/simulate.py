@@ -4,6 +4,14 @@ One step is the TRACE step of `rollout.engine` (stage-1 allocation, bare rollout
 targets, the method's own predictor update) with the testbed's tabular policy as the actor, followed by the
 policy-gradient update on the trees' advantages. Every method sees the same tasks in the same order and
 starts from the same policy, so differences come from how each one spends the budget.
+
+Two presets (`preset=`): `learning` (the default) starts the policy weak (warm start 1.5), far below the
+accuracy the task mix allows, so training moves held-out accuracy and methods can differ in what the budget
+buys; `contrast` is the earlier set-up (warm start 5.0, near the ceiling from the start), where accuracy
+barely moves and only allocation figures (effective ratio, contrast groups) separate the methods. Both keep
+the task mix, so a preset changes the starting policy only; the measurements behind the choice are in
+docs/results/2026-12-01-accuracy-testbed.md. With several seeds the summary adds accuracy with
+95% intervals and paired per-seed differences (testbed/report.py).
 """
 
 from __future__ import annotations
