@@ -173,6 +173,7 @@ class MethodRun:
         active = result.active
         for tree, adv in zip(active, batch_advantages(self.method.advantage, active)):
             rows += turn_rows(tree, adv)
+        before = self.policy.theta.copy()
         if rows:
             info = [r["info"] for r in rows]
             self.policy.update(
@@ -185,6 +186,15 @@ class MethodRun:
             )
         record = step_record(result, seed=self.seed)
         record.timing_s["update"] = time.perf_counter() - t0
+        # the update side of the chain: rows trained, the share with a non-zero advantage, the step's size
+        adv = np.array([r["advantage"] for r in rows])
+        record.train.update(
+            {
+                "rows": len(rows),
+                "nonzero_advantage_share": float(np.mean(np.abs(adv) > 1e-12)) if rows else 0.0,
+                "update_norm": float(np.linalg.norm(self.policy.theta - before)),
+            }
+        )
         return record, result
 
 
