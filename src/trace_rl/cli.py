@@ -118,7 +118,7 @@ class PropositionsConfig:
 def _simulate(cfg, yaml_text: str) -> None:
     from .plots import per_seed, plot_metric
     from .rollout.records import average_runs, format_table, summarize
-    from .testbed.report import format_seed_table, plot_accuracy_vs_rollouts, seed_statistics
+    from .testbed.report import format_seed_table, plot_accuracy_vs_cost, seed_statistics
     from .testbed.simulate import run_seeds
 
     out = Path(cfg.out)
@@ -151,11 +151,12 @@ def _simulate(cfg, yaml_text: str) -> None:
         per, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)", smooth=5
     )
     plot_metric(per, "eval/accuracy", out / "accuracy.png", "Exact held-out accuracy")
-    plot_accuracy_vs_rollouts(runs, out / "accuracy_vs_rollouts.png")
+    plot_accuracy_vs_cost(runs, out / "accuracy_vs_rollouts.png")
+    plot_accuracy_vs_cost(runs, out / "accuracy_vs_turns.png", cost="turns")
     where = ", ".join(f"{out}/seed{s}/metrics.jsonl" for s in seeds) if len(seeds) > 1 else f"{out}/metrics.jsonl"
     print(
         f"\nwrote {out}/config.yaml, {where}, {out}/summary.json, effective_ratio.png, accuracy.png, "
-        "accuracy_vs_rollouts.png"
+        "accuracy_vs_rollouts.png, accuracy_vs_turns.png"
     )
 
 

@@ -114,9 +114,9 @@ def format_seed_table(rows: list[dict], focus: str = "trace", baseline: str = "g
     return "\n".join(lines)
 
 
-def plot_accuracy_vs_rollouts(runs: Runs, path: Path, level: float = 0.95) -> None:
-    """Mean exact held-out accuracy against rollouts spent, one line per method from 0 rollouts, with the
-    seeds' t interval as a band (x: the seeds' mean rollouts at each evaluation)."""
+def plot_accuracy_vs_cost(runs: Runs, path: Path, cost: str = "rollouts", level: float = 0.95) -> None:
+    """Mean exact held-out accuracy against rollouts (or turns) spent, one line per method from 0, with the
+    seeds' t interval as a band (x: the seeds' mean cost at each evaluation)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,7 +124,7 @@ def plot_accuracy_vs_rollouts(runs: Runs, path: Path, level: float = 0.95) -> No
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in runs[0]:
-        curves = [curve(run[name]) for run in runs]
+        curves = [curve(run[name], f"rollout/{cost}") for run in runs]
         n = min(len(x) for x, _ in curves)
         xs = np.mean([x[:n] for x, _ in curves], axis=0)
         ys = np.array([y[:n] for _, y in curves])
@@ -133,9 +133,9 @@ def plot_accuracy_vs_rollouts(runs: Runs, path: Path, level: float = 0.95) -> No
         (line,) = ax.plot(xs, mean, marker="o", markersize=3, label=name)
         if len(runs) > 1:
             ax.fill_between(xs, [s[1] for s in stats], [s[2] for s in stats], color=line.get_color(), alpha=0.15)
-    ax.set_xlabel("rollouts spent")
+    ax.set_xlabel(f"{cost} spent")
     ax.set_ylabel("exact held-out accuracy")
-    ax.set_title(f"Accuracy vs rollouts, mean and {level:.0%} interval over {len(runs)} seeds")
+    ax.set_title(f"Accuracy vs {cost}, mean and {level:.0%} interval over {len(runs)} seeds")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
