@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from trace_rl.allocation import allocate_prefixes, allocate_roots, root_value
-from trace_rl.knapsack import allocate_knapsack_rl, knapsack_rl_value
+from trace_rl.knapsack import allocate_knapsack_rl_repaired, knapsack_rl_value
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import knapsack_rl_reference as upstream
@@ -93,8 +93,8 @@ def knapsack_rl_table(rng: np.random.Generator) -> None:
         # reward-history success rates: 16-sample means, a fifth of prompts never or always solved
         p = rng.binomial(16, rng.beta(0.6, 0.6, size=B)) / 16
         M = B * per
-        best, _ = best_of(lambda p=p, M=M: allocate_knapsack_rl(p, M), 7)
-        m_ours = allocate_knapsack_rl(p, M)
+        best, _ = best_of(lambda p=p, M=M: allocate_knapsack_rl_repaired(p, M), 7)
+        m_ours = allocate_knapsack_rl_repaired(p, M)
         ours = knapsack_rl_value(p, m_ours)
         live = int(((p > 0) & (p < 1)).sum())
         work = live * (M - 2 * B) * 126

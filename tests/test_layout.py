@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
-CORE = {"tree", "allocation", "advantages", "metrics", "methods", "knapsack", "seeding"}
+CORE = {"tree", "allocation", "advantages", "metrics", "methods", "knapsack", "seeding", "stats"}
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
     "plots": 1,

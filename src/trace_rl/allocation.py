@@ -29,7 +29,8 @@ REPAIR_WINDOW = 4  # a repair moves one prompt by at most this many units
 REPAIR_CANDIDATES = 4  # prompts kept per (offset) in the repair search
 
 
-def _probabilities(name: str, x) -> np.ndarray:
+def check_probabilities(name: str, x) -> np.ndarray:
+    """x as a 1-D float array of probabilities, or a ValueError naming `name` (shared by the allocators)."""
     try:
         arr = np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError):
@@ -42,7 +43,8 @@ def _probabilities(name: str, x) -> np.ndarray:
     return arr
 
 
-def _budget(name: str, budget) -> int:
+def check_budget(name: str, budget) -> int:
+    """budget as a non-negative int, or a ValueError naming `name`."""
     if isinstance(budget, (bool, np.bool_)) or not isinstance(budget, (int, np.integer)):
         raise ValueError(f"{name} must be a non-negative integer, got {budget!r}")
     if budget < 0:
@@ -50,7 +52,8 @@ def _budget(name: str, budget) -> int:
     return int(budget)
 
 
-def _seed(seed) -> int:
+def check_seed(seed) -> int:
+    """seed as a non-negative int, or a ValueError."""
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     return int(seed)
@@ -82,10 +85,10 @@ def spendable_root_budget(num_prompts: int, budget: int, max_per_prompt: int) ->
     return spend
 
 
-def _unit_gains(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
+def unit_gains(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """gains[i, u-1-lo] for units u = lo+1..hi of prompt i under the linear extension f(1) = v(1-v).
 
-    Rows are non-increasing within the block; `_top_units` keeps them so across blocks.
+    Rows are non-increasing within the block; `top_units` keeps them so across blocks.
     """
     lam = v * (1.0 - v)
     u = np.arange(lo + 1, hi + 1)
@@ -96,7 +99,7 @@ def _unit_gains(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
     return np.minimum.accumulate(gains, axis=1)
 
 
-def _tie_order(n: int, seed: int) -> np.ndarray:
+def tie_order(n: int, seed: int) -> np.ndarray:
     """rank[i]: position of prompt i among equals; a seeded permutation so ties reproduce yet carry no bias."""
     rank = np.empty(n, dtype=np.int64)
     rank[np.random.default_rng(seed).permutation(n)] = np.arange(n)
@@ -107,7 +110,7 @@ GainBlock = Callable[[int, int], np.ndarray]  # (lo, hi) -> gains of units lo+1.
 FIRST_BLOCK = 16  # columns built before the first check; doubled until the threshold is provably inside
 
 
-def _top_units(block: GainBlock, n: int, width: int, count: int, rank: np.ndarray) -> np.ndarray:
+def top_units(block: GainBlock, n: int, width: int, count: int, rank: np.ndarray) -> np.ndarray:
     """Per row, how many of its leading units fall among the `count` largest of n rows x `width` unit gains.
 
     Rows must be non-increasing. Columns are built in doubling blocks and the search stops as soon as the
@@ -156,19 +159,19 @@ def allocate_roots(v, budget: int, max_per_prompt: int, seed: int = 0, skip: boo
     No prompt can take more than the budget, so max_per_prompt is capped there: memory and time follow
     min(max_per_prompt, budget), and the columns of unit gains are built only as deep as the threshold.
     """
-    v = _probabilities("v", v)
-    budget = _budget("budget", budget)
-    seed = _seed(seed)
+    v = check_probabilities("v", v)
+    budget = check_budget("budget", budget)
+    seed = check_seed(seed)
     if isinstance(max_per_prompt, bool) or not isinstance(max_per_prompt, (int, np.integer)) or max_per_prompt < 2:
         raise ValueError(f"max_per_prompt must be an integer >= 2 (m = 1 gives no contrast), got {max_per_prompt!r}")
     max_per_prompt = int(min(max_per_prompt, max(budget, 2)))
     n = v.size
-    rank = _tie_order(n, seed)
+    rank = tie_order(n, seed)
     if not skip:
         if budget < 2 * n:
             raise ValueError(f"budget {budget} cannot give each of the {n} prompts 2 rollouts (skip=False)")
         spend = min(budget, n * max_per_prompt)
-        extra = _top_units(lambda lo, hi: _unit_gains(v, lo + 2, hi + 2), n, max_per_prompt - 2, spend - 2 * n, rank)
+        extra = top_units(lambda lo, hi: unit_gains(v, lo + 2, hi + 2), n, max_per_prompt - 2, spend - 2 * n, rank)
         return 2 + extra
     spend = spendable_root_budget(n, budget, max_per_prompt)
     m = np.zeros(n, dtype=np.int64)
@@ -178,7 +181,7 @@ def allocate_roots(v, budget: int, max_per_prompt: int, seed: int = 0, skip: boo
         order = np.lexsort((rank, -v * (1.0 - v)))
         m[order[: spend // 2]] = 2
         return m
-    m = _top_units(lambda lo, hi: _unit_gains(v, lo, hi), n, max_per_prompt, spend, rank)
+    m = top_units(lambda lo, hi: unit_gains(v, lo, hi), n, max_per_prompt, spend, rank)
     for p in np.flatnonzero(m == 1):  # at most one: the threshold cut a prompt after its first unit
         _repair(m, v, int(p), max_per_prompt, rank)
     return m
@@ -278,12 +281,12 @@ def allocate_prefixes(flip_prob, budget: int, seed: int = 0) -> np.ndarray:
     every gain is zero spreads evenly by the same rule (fewest continuations first, then seeded order).
     With no anchors the budget cannot be spent and all-zero (empty) is returned; callers account for it.
     """
-    q = _probabilities("flip_prob", flip_prob)
-    budget = _budget("budget", budget)
-    seed = _seed(seed)
+    q = check_probabilities("flip_prob", flip_prob)
+    budget = check_budget("budget", budget)
+    seed = check_seed(seed)
     if q.size == 0 or budget == 0:
         return np.zeros(q.size, dtype=np.int64)
-    rank = _tie_order(q.size, seed)
+    rank = tie_order(q.size, seed)
     with np.errstate(divide="ignore"):
         log_q, slope = np.log(q), np.log1p(-q)  # q = 0: no positive gain; q = 1: one unit of gain 1
     positive = _prefix_counts(log_q, slope, LOG_TINY)

@@ -111,27 +111,31 @@ class PropositionsConfig:
 def _simulate(cfg, yaml_text: str) -> None:
     from .plots import per_seed, plot_metric
     from .rollout.records import average_runs, format_table, summarize
-    from .testbed.simulate import run_simulation
+    from .testbed.report import format_seed_table, plot_accuracy_vs_cost, seed_statistics
+    from .testbed.simulate import run_seeds
 
     out = Path(cfg.out)
     write_config(yaml_text, out)
     seeds = list(cfg.seeds) or [cfg.seed]
-    runs = []
-    for seed in seeds:
-        if len(seeds) > 1:
-            print(f"seed {seed}", file=sys.stderr)
-        runs.append(run_simulation(cfg, seed, out / f"seed{seed}" if len(seeds) > 1 else out))
+    runs = run_seeds(cfg, out)
     results = average_runs(runs)
     baseline = "grpo" if "grpo" in results else ("trace_uniform" if "trace_uniform" in results else cfg.methods[0])
     rows = summarize(results, baseline=baseline)
+    accuracy = ""
     if len(seeds) > 1:
-        for row in rows:
+        stats = seed_statistics(runs, baseline=baseline)
+        for row, stat in zip(rows, stats):
             row["er_per_seed"] = " ".join(
                 f"{np.mean([r['rollout/effective_ratio'] for r in run[row['method']]]):.3f}" for run in runs
             )
-    table = format_table(rows)
+            row["accuracy_over_seeds"] = stat
+        accuracy = (
+            f"exact held-out accuracy over seeds {seeds}: mean [95% interval]; differences paired by seed at "
+            f"equal rollouts\n{format_seed_table(stats, baseline=baseline)}\n\n"
+        )
+    table = format_table([{k: v for k, v in r.items() if k != "accuracy_over_seeds"} for r in rows])
     if len(seeds) > 1:
-        table = f"mean over seeds {seeds}\n" + table
+        table = accuracy + f"mean over seeds {seeds}\n" + table
     print(table)
     (out / "summary.json").write_text(json.dumps(rows, indent=2))
     (out / "summary.txt").write_text(table + "\n")
@@ -140,8 +144,13 @@ def _simulate(cfg, yaml_text: str) -> None:
         per, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)", smooth=5
     )
     plot_metric(per, "eval/accuracy", out / "accuracy.png", "Exact held-out accuracy")
+    plot_accuracy_vs_cost(runs, out / "accuracy_vs_rollouts.png")
+    plot_accuracy_vs_cost(runs, out / "accuracy_vs_turns.png", cost="turns")
     where = ", ".join(f"{out}/seed{s}/metrics.jsonl" for s in seeds) if len(seeds) > 1 else f"{out}/metrics.jsonl"
-    print(f"\nwrote {out}/config.yaml, {where}, {out}/summary.json, effective_ratio.png, accuracy.png")
+    print(
+        f"\nwrote {out}/config.yaml, {where}, {out}/summary.json, effective_ratio.png, accuracy.png, "
+        "accuracy_vs_rollouts.png, accuracy_vs_turns.png"
+    )
 
 
 def _rollout(cfg, yaml_text: str) -> None:

@@ -5,8 +5,8 @@ Equal cost is counted in rollouts: a flat method spends P*n bare rollouts; a tre
 P*n/(1+N) bare rollouts plus N continuations per bare rollout (a continuation is shorter than a bare
 rollout, so tree methods generate fewer turns; metrics report turns too, so the comparison stays honest).
 
-Root strategies see a candidate pool of pool_factor*P prompts; the ones that cannot skip (uniform, knapsack)
-take its first P (the pool is shuffled by the data loader).
+Root strategies see a candidate pool of pool_factor*P prompts; the ones that cannot skip (uniform, knapsack,
+knapsack_repaired) take its first P (the pool is shuffled by the data loader).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .allocation import allocate_prefixes, allocate_roots
-from .knapsack import allocate_knapsack_rl
+from .knapsack import allocate_knapsack_rl, allocate_knapsack_rl_repaired
 
-ROOT_STRATEGIES = ("uniform", "pcl", "knapsack", "active")
+ROOT_STRATEGIES = ("uniform", "pcl", "knapsack", "knapsack_repaired", "active")
 PREFIX_STRATEGIES = ("none", "random", "active")
 
 
@@ -43,6 +43,7 @@ METHODS: dict[str, Method] = {
         Method("grpo", "uniform", "none", "grpo"),
         Method("pcl", "pcl", "none", "grpo"),
         Method("knapsack_rl", "knapsack", "none", "grpo", predictor="history"),
+        Method("knapsack_rl_repaired", "knapsack_repaired", "none", "grpo", predictor="history"),
         Method("treepo", "uniform", "random", "treepo"),
         Method("tree_grpo", "uniform", "random", "tree_grpo"),
         Method("trace", "active", "active", "trace"),
@@ -110,9 +111,12 @@ def allocate_method_roots(method: Method, v: np.ndarray, plan: BudgetPlan, seed:
         keep = np.argsort(np.abs(v - 0.5), kind="stable")[:p]
         m[keep] = uniform_split(p, budget)
     elif method.root == "knapsack":
-        # Knapsack RL's own objective and launch-script bounds (2..128, p = 0 or 1 fixed at 2); v is the
-        # reward-history success rate
-        m[:p] = allocate_knapsack_rl(v[:p], budget, seed=seed)
+        # Knapsack RL as its authors' code allocates (launch-script bounds 2..128, p = 0 or 1 fixed at 2,
+        # its cost fallback and DP); v is the reward-history success rate
+        m[:p] = allocate_knapsack_rl(v[:p], budget)
+    elif method.root == "knapsack_repaired":
+        # the exact optimum of Knapsack RL's stated objective, without its cost fallback
+        m[:p] = allocate_knapsack_rl_repaired(v[:p], budget, seed=seed)
     elif method.root == "active":
         m = allocate_roots(v, budget, plan.max_per_prompt, seed=seed)
     else:

@@ -36,6 +36,11 @@ def test_uniform_and_pcl_and_active(plan):
     assert m[[0, 1, 7, 8, 11]].sum() == 0  # hopeless and trivial prompts are skipped
     m = allocate_method_roots(get_method("knapsack_rl"), v, plan)
     assert m[:4].min() >= 2 and m[4:].sum() == 0 and m.sum() == 32
+    # as upstream: 24 above the minimums; costs 3 (p = 0.5) + 3 (p = 0.45) = 6 < 24, so 18 go to the p = 0
+    # prompt and the DP places 6 (3 each)
+    assert m[:4].tolist() == [20, 2, 5, 5]
+    m = allocate_method_roots(get_method("knapsack_rl_repaired"), v, plan)
+    assert m[:4].tolist() == [2, 2, 14, 14] and m[4:].sum() == 0
 
 
 def test_prefix_strategies():

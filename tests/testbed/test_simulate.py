@@ -44,10 +44,10 @@ def test_equal_budget_and_outputs(tmp_path):
     assert len(lines) == len(methods) * SMALL["steps"]
     first = json.loads(lines[0])
     assert first["method"] == "grpo" and "rollout/effective_ratio" in first and "timing_s/generate" in first
-    assert all(
-        k in ("method", "step", "seed") or k.split("/")[0] in ("rollout", "alloc", "predictor", "timing_s", "eval")
-        for k in first
-    )
+    groups = ("rollout", "alloc", "predictor", "timing_s", "eval", "train")
+    assert all(k in ("method", "step", "seed") or k.split("/")[0] in groups for k in first)
+    assert first["train/rows"] > 0 and 0.0 <= first["train/nonzero_advantage_share"] <= 1.0
+    assert first["train/update_norm"] >= 0.0
     saved = (tmp_path / "trees_trace.jsonl").read_text().splitlines()
     assert saved and json.loads(saved[0])["method"] == "trace"
     rows = summarize(res)

@@ -17,12 +17,14 @@ immediate). It is a testbed for allocation and credit assignment, not for agents
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from ..seeding import derive_rng
 
 DIFFICULTY_BANDS = {"easy": (0.0, 0.02), "medium": (0.1, 0.4), "hard": (0.85, 0.99)}
+DEFAULT_MIX = (0.45, 0.10, 0.45)  # shares of easy, medium, hard tasks where nothing else chooses
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class TestbedConfig:
     num_actions: int = 4  # actions available at each turn
     min_turns: int = 2  # shortest task horizon, in turns
     max_turns: int = 6  # longest task horizon, in turns
-    difficulty_mix: tuple[float, float, float] = (0.45, 0.10, 0.45)  # shares of easy, medium, hard tasks
+    difficulty_mix: Optional[tuple[float, float, float]] = None  # easy, medium, hard shares; unset: the preset's
     max_tolerance: int = 1  # tolerance drawn uniformly from 0..min(max_tolerance, horizon // 3)
     hint_noise: float = 0.05  # std of the noise on the visible difficulty hint
     stop_on_failure: bool = False  # end an episode at its first excess mistake (else it runs on, doomed)
@@ -58,11 +60,16 @@ class TestbedConfig:
     def __post_init__(self):
         if not 1 <= self.min_turns <= self.max_turns:
             raise ValueError(f"need 1 <= min_turns <= max_turns, got {self.min_turns}, {self.max_turns}")
-        mix = np.asarray(self.difficulty_mix, dtype=float)
+        mix = np.asarray(self.mix, dtype=float)
         if mix.shape != (3,) or np.any(mix < 0) or not np.isclose(mix.sum(), 1.0):
             raise ValueError(f"difficulty_mix must be 3 non-negative shares summing to 1, got {self.difficulty_mix}")
         if self.num_actions < 2 or self.num_kinds < 1:
             raise ValueError("num_actions must be >= 2 and num_kinds >= 1")
+
+    @property
+    def mix(self) -> tuple[float, float, float]:
+        """The difficulty mix in force: the one set, else DEFAULT_MIX."""
+        return DEFAULT_MIX if self.difficulty_mix is None else tuple(self.difficulty_mix)
 
     def right_actions(self) -> np.ndarray:
         """right[kind, turn]: the action that can succeed at that turn."""
@@ -75,7 +82,7 @@ def make_tasks(config: TestbedConfig, count: int, seed: int, start_index: int = 
     bands = list(DIFFICULTY_BANDS.values())
     tasks = []
     for i in range(count):
-        lo, hi = bands[rng.choice(3, p=config.difficulty_mix)]
+        lo, hi = bands[rng.choice(3, p=config.mix)]
         slip = float(rng.uniform(lo, hi))
         horizon = int(rng.integers(config.min_turns, config.max_turns + 1))
         tasks.append(

@@ -4,6 +4,14 @@ One step is the TRACE step of `rollout.engine` (stage-1 allocation, bare rollout
 targets, the method's own predictor update) with the testbed's tabular policy as the actor, followed by the
 policy-gradient update on the trees' advantages. Every method sees the same tasks in the same order and
 starts from the same policy, so differences come from how each one spends the budget.
+
+Two presets (`preset=`): `learning` (the default) starts the policy weak (warm start 1.5), far below the
+accuracy the task mix allows, so training moves held-out accuracy and methods can differ in what the budget
+buys; `contrast` is the earlier set-up (warm start 5.0, near the ceiling from the start), where accuracy
+barely moves and only allocation figures (effective ratio, contrast groups) separate the methods. Both keep
+the task mix, so a preset changes the starting policy only; the measurements behind the choice are in
+docs/results/2026-12-01-accuracy-testbed.md. With several seeds the summary adds accuracy with
+95% intervals and paired per-seed differences (testbed/report.py).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from ..predictors import RewardHistoryPredictor
 from ..predictors.diagnostics import node_records
 from ..rollout.engine import EXECUTORS, TreeRolloutEngine, make_executor
 from ..rollout.ray_executor import RayConfig
-from ..rollout.records import MetricsWriter, step_record
+from ..rollout.records import MetricsWriter, read_metrics, step_record
 from ..seeding import derive_rng
 from ..tree import save_trees, turn_rows
 from .actor import TestbedActor
@@ -32,6 +40,16 @@ from .predictors import OraclePredictor, learned_predictor
 
 DEFAULT_METHODS = ["grpo", "pcl", "knapsack_rl", "treepo", "tree_grpo", "trace", "trace_oracle"]
 ABLATION_METHODS = ["trace_uniform", "trace_root_only", "trace_prefix_only", "trace", "trace_oracle"]
+
+# A preset fills the settings it names that the user left unset (a key given on the command line, in a file
+# or to the constructor wins). `learning` (the default): a weak warm start, so training has room to move
+# held-out accuracy (docs/results/2026-12-01-accuracy-testbed.md has the measurements behind the values).
+# `contrast`: the earlier default, a policy that starts near its ceiling, for pure allocation checks
+# (effective ratio, contrast per rollout) where accuracy barely moves.
+PRESETS: dict[str, dict[str, object]] = {
+    "learning": {"policy.warm_start": 1.5, "env.difficulty_mix": (0.45, 0.10, 0.45)},
+    "contrast": {"policy.warm_start": 5.0, "env.difficulty_mix": (0.45, 0.10, 0.45)},
+}
 
 
 @dataclass
@@ -56,7 +74,7 @@ class TestbedPolicyConfig:
 
     __test__ = False
 
-    warm_start: float = 5.0  # initial logit bonus on right actions (the "SFT" policy)
+    warm_start: Optional[float] = None  # initial logit bonus on right actions (the "SFT" policy); unset: the preset's
     lr: float = 4.0  # policy-gradient step size
 
     def __post_init__(self):
@@ -69,8 +87,10 @@ class SimulateConfig:
     """`trace-rl simulate`: methods compared on the synthetic testbed with exact success probabilities."""
 
     out: str = "runs/simulate"  # run directory: config.yaml, metrics.jsonl, summary, plots, trees
+    preset: str = "learning"  # learning (training moves accuracy) | contrast (starts near the ceiling)
     seed: int = 0  # one seed reproduces the whole run
     seeds: list[int] = field(default_factory=list)  # several seeds: one run each, tables and plots of the mean
+    reuse: bool = False  # with several seeds: read a seed's finished run (same settings) instead of rerunning it
     steps: int = 40  # training steps per method
     methods: Optional[list[str]] = None  # methods by name (default: the baselines, or with ablation the ablation)
     ablation: bool = False  # compare TRACE's root x prefix ablation instead of the baselines
@@ -87,6 +107,13 @@ class SimulateConfig:
     env: TestbedConfig = field(default_factory=TestbedConfig)  # the task family (its seed follows the run's)
 
     def __post_init__(self):
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        values = PRESETS[self.preset]
+        if self.policy.warm_start is None:
+            self.policy = replace(self.policy, warm_start=float(values["policy.warm_start"]))
+        if self.env.difficulty_mix is None:
+            self.env = replace(self.env, difficulty_mix=tuple(values["env.difficulty_mix"]))
         if self.methods is None:
             self.methods = list(ABLATION_METHODS if self.ablation else DEFAULT_METHODS)
         unknown = [m for m in self.methods if m not in METHODS]
@@ -150,6 +177,7 @@ class MethodRun:
         active = result.active
         for tree, adv in zip(active, batch_advantages(self.method.advantage, active)):
             rows += turn_rows(tree, adv)
+        before = self.policy.theta.copy()
         if rows:
             info = [r["info"] for r in rows]
             self.policy.update(
@@ -162,6 +190,15 @@ class MethodRun:
             )
         record = step_record(result, seed=self.seed)
         record.timing_s["update"] = time.perf_counter() - t0
+        # the update side of the chain: rows trained, the share with a non-zero advantage, the step's size
+        adv = np.array([r["advantage"] for r in rows])
+        record.train.update(
+            {
+                "rows": len(rows),
+                "nonzero_advantage_share": float(np.mean(np.abs(adv) > 1e-12)) if rows else 0.0,
+                "update_norm": float(np.linalg.norm(self.policy.theta - before)),
+            }
+        )
         return record, result
 
 
@@ -218,3 +255,38 @@ def run_simulation(cfg: SimulateConfig, seed: int | None = None, out: Path | Non
             print(file=sys.stderr)
         results[name] = records
     return results
+
+
+def _settings(cfg: SimulateConfig, seed: int) -> str:
+    """The settings one seed's run depends on, as text (what `reuse` compares)."""
+    from omegaconf import OmegaConf
+
+    one = replace(cfg, seed=seed, seeds=[], out=".", reuse=False, progress=True)
+    return OmegaConf.to_yaml(OmegaConf.structured(one))
+
+
+def run_seeds(cfg: SimulateConfig, out: Path) -> list[dict[str, list[dict]]]:
+    """One run per seed of `cfg.seeds` (or cfg.seed alone) under out/seed<k> (out itself for one seed); with
+    `reuse`, a seed directory whose settings.yaml matches and whose metrics hold every method's steps is read
+    instead of rerun, so a long study can be split over several commands and aggregated by the last."""
+    seeds = list(cfg.seeds) or [cfg.seed]
+    runs = []
+    for seed in seeds:
+        where = out / f"seed{seed}" if len(seeds) > 1 else out
+        settings = _settings(cfg, seed)
+        done = where / "metrics.jsonl"
+        if cfg.reuse and done.exists() and (where / "settings.yaml").exists():
+            old = read_metrics(done)
+            if (where / "settings.yaml").read_text() == settings and all(
+                len(old.get(m, [])) == cfg.steps for m in cfg.methods
+            ):
+                print(f"seed {seed}: reusing {done}", file=sys.stderr)
+                runs.append({m: old[m] for m in cfg.methods})
+                continue
+        if len(seeds) > 1:
+            print(f"seed {seed}", file=sys.stderr)
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "settings.yaml").unlink(missing_ok=True)  # written only once the run is complete
+        runs.append(run_simulation(cfg, seed, where))
+        (where / "settings.yaml").write_text(settings)
+    return runs
