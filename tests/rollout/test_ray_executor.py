@@ -11,6 +11,7 @@ from trace_rl.methods import BudgetPlan, get_method  # noqa: E402
 from trace_rl.predictors.text import light_text_predictor  # noqa: E402
 from trace_rl.rollout.engine import TreeRolloutEngine  # noqa: E402
 from trace_rl.rollout.ray_executor import RayConfig, RayExecutor  # noqa: E402
+from trace_rl.rollout.records import step_record  # noqa: E402
 from trace_rl.testbed.actor import TestbedActor  # noqa: E402
 from trace_rl.testbed.env import TestbedConfig, make_tasks  # noqa: E402
 from trace_rl.testbed.policy import SoftmaxPolicy  # noqa: E402
@@ -89,6 +90,8 @@ def test_a_worker_that_dies_mid_tree_is_replaced_and_the_prompt_retried(executor
     got, got_trees, _ = _grow(actor, executor)
     assert os.path.exists(tmp_path / "died")  # the worker did die
     assert executor.retries == before + 1
+    assert got.worker_retries == 1 and step_record(got).rollout["worker_retries"] == 1  # in the step's metrics
+    assert want.worker_retries == 0
     assert got_trees == trees
     assert got.rollouts + got.unspent_prefix_budget == plan.total == want.rollouts + want.unspent_prefix_budget
 

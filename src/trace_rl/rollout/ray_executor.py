@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from ..methods import BudgetPlan, Method
-from ..predictors.base import Predictor
-from .engine import Actor, Clock, PromptJob, PromptResult, grow_prompt
+from .grow import Clock, PromptJob, PromptResult, StepContext, grow_prompt
 
 
 @dataclass
@@ -38,13 +36,12 @@ class RayConfig:
             raise ValueError(f"workers must be >= 1 and max_retries >= 0, got {self.workers}, {self.max_retries}")
 
 
-def _grow_in_worker(
-    actor: Actor, predictor: Predictor, plan: BudgetPlan, method: Method, seed: int, step: int, job: PromptJob
-) -> tuple[PromptResult, dict]:
-    clock = Clock()
-    actor.begin_step(1, clock)
-    result = asyncio.run(grow_prompt(actor, predictor, plan, method, seed, step, job, clock, time.perf_counter()))
-    return result, clock.seconds
+def _grow_in_worker(ctx: StepContext, job: PromptJob) -> tuple[PromptResult, dict]:
+    """One prompt in a worker, on the worker's own clock (the driver's clock and t0 mean nothing here)."""
+    ctx = replace(ctx, clock=Clock(), t0=time.perf_counter())
+    ctx.actor.begin_step(1, ctx.clock)
+    result = asyncio.run(grow_prompt(ctx, job))
+    return result, ctx.clock.seconds
 
 
 class RayExecutor:
@@ -68,20 +65,9 @@ class RayExecutor:
         self.workers = [self._worker_cls.remote() for _ in range(self.config.workers)]
         self.retries = 0  # prompts retried after a worker died, over the executor's life
 
-    async def run(
-        self,
-        actor: Actor,
-        predictor: Predictor,
-        plan: BudgetPlan,
-        method: Method,
-        seed: int,
-        step: int,
-        jobs: list[PromptJob],
-        clock: Clock,
-        t0: float,
-    ) -> list[PromptResult]:
+    async def run(self, ctx: StepContext, jobs: list[PromptJob]) -> list[PromptResult]:
         ray = self.ray
-        shared = ray.put((actor, predictor, plan, method, seed, step))
+        shared = ray.put(ctx)
         queue = list(jobs)
         attempts = {job.index: 0 for job in jobs}
         running: dict = {}  # object ref -> (worker slot, job)
@@ -107,9 +93,10 @@ class RayExecutor:
                 self.workers[slot] = self._worker_cls.remote()
                 queue.insert(0, job)
             else:
+                result.worker_retries = attempts[job.index]
                 results.append(result)
                 for phase in ("generate", "env", "predictor", "allocate"):
-                    clock.add(phase, seconds[phase])
+                    ctx.clock.add(phase, seconds[phase])
             if queue:
                 submit(slot)
         return results
@@ -118,6 +105,5 @@ class RayExecutor:
 class _Worker:
     """A Ray actor that grows one prompt's tree per call (its environments live here)."""
 
-    def grow(self, shared, job: PromptJob) -> tuple[PromptResult, dict]:
-        actor, predictor, plan, method, seed, step = shared
-        return _grow_in_worker(actor, predictor, plan, method, seed, step, job)
+    def grow(self, ctx: StepContext, job: PromptJob) -> tuple[PromptResult, dict]:
+        return _grow_in_worker(ctx, job)
