@@ -48,15 +48,18 @@ def check_node(node: TurnNode, need_logprobs: bool = False) -> None:
         raise ValueError(f"node {node.node_id!r}: {policy} policy tokens but {len(node.logprobs)} log-probs")
 
 
-def tree_paths(tree: RolloutTree, keep: Callable[[TurnNode], bool] | None = None) -> list[list[TurnNode]]:
+def tree_paths(
+    tree: RolloutTree, keep: Callable[[TurnNode], bool] | None = None, tokens: bool = True
+) -> list[list[TurnNode]]:
     """Root-to-leaf paths in depth-first order (children in the order they were added), root included.
 
     With `keep`, a subtree holding no node for which keep(node) is true is left out, so a path ends at the
-    last node with something kept at or below it; a tree with nothing kept has no path. Every node listed is
-    validated (`check_node`)."""
+    last node with something kept at or below it; a tree with nothing kept has no path. With `tokens` (for a
+    trainer that reads them) every node is validated (`check_node`); the testbed's turns carry no tokens."""
     wanted: dict[str, bool] = {}
     for node in sorted(tree.nodes.values(), key=lambda n: -n.depth):
-        check_node(node)
+        if tokens:
+            check_node(node)
         wanted[node.node_id] = keep is None or keep(node) or any(wanted[c] for c in node.children)
     out: list[list[TurnNode]] = []
 
@@ -110,8 +113,9 @@ def node_weights(paths: list[list[TurnNode]], weighting: str = "first") -> dict[
 
 def turn_rows(tree: RolloutTree, advantages: dict[str, float], weighting: str = "first") -> list[dict]:
     """Each turn node that has an advantage once: its tokens, mask, log-probs, advantage, depth, info and
-    `weight` (its `node_weights` over all the tree's paths; 1 unless weighting="leaf")."""
-    weights = node_weights(tree_paths(tree), weighting)
+    `weight` (its `node_weights` over all the tree's paths; 1 unless weighting="leaf"). The rows are passed on
+    as they are (the testbed's turns have no tokens), so nothing here is validated."""
+    weights = node_weights(tree_paths(tree, tokens=False), weighting)
     rows = []
     for node in tree.turns():
         if node.node_id not in advantages:

@@ -84,3 +84,14 @@ def test_one_node_validation_and_bad_weighting(tree):
         tree_paths(tree)
     with pytest.raises(ValueError, match=f"weighting must be one of {', '.join(WEIGHTINGS)}, got 'half'"):
         copy_weights([], "half")
+
+
+def test_turn_rows_take_turns_without_tokens_as_the_testbed_writes_them():
+    t = RolloutTree(0)
+    a = t.add_turn("0", logprobs=[-0.1], info={"kind": 1})  # a testbed turn: a log-prob, no tokens
+    t.add_turn(a.node_id, logprobs=[-0.2], terminal=True, reward=1.0)
+    t.add_turn(a.node_id, logprobs=[-0.3], terminal=True, reward=0.0)
+    rows = turn_rows(t, {"0.0": 0.1, "0.0.0": 0.5, "0.0.1": -0.5}, "leaf")
+    assert [(r["node_id"], r["weight"]) for r in rows] == [("0.0", 2.0), ("0.0.0", 1.0), ("0.0.1", 1.0)]
+    with pytest.raises(ValueError, match="0 policy tokens but 1 log-probs"):
+        tree_paths(t)  # a trainer that reads tokens refuses them

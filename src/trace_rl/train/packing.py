@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..paths import check_weighting, copy_weights, node_weights, tree_paths
+from ..paths import check_node, check_weighting, copy_weights, node_weights, tree_paths
 from ..tree import ROOT, RolloutTree, TurnNode
 
 Key = tuple[int, str]  # (tree index, node id): one segment, the policy tokens of one turn node
@@ -79,8 +79,8 @@ def _trained_paths(tree: RolloutTree, adv: dict[str, float]) -> list[list[TurnNo
 def _weighted(tree: RolloutTree, adv: dict[str, float], weighting: str) -> dict[str, float]:
     """Each trained node's advantage times its total weight under `weighting` (trace_rl.paths)."""
     for node in tree.nodes.values():
-        if _is_trained(node, adv) and len(node.logprobs) != sum(node.loss_mask):
-            raise ValueError(f"node {node.node_id!r}: {sum(node.loss_mask)} policy tokens but no log-probs")
+        if _is_trained(node, adv):
+            check_node(node, need_logprobs=True)  # the ratio needs the sampling log-prob of every policy token
     weights = node_weights(_trained_paths(tree, adv), weighting)
     return {nid: float(a) * weights.get(nid, 1.0) for nid, a in adv.items()}
 
