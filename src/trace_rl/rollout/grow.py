@@ -124,42 +124,41 @@ class StepContext:
 async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
     """Bare rollouts of one prompt, then its stage 2 as soon as they end. Every random draw comes from streams
     named by (seed, step, prompt), so the result does not depend on where or when it runs."""
-    actor, predictor, plan, method, seed, step = ctx.actor, ctx.predictor, ctx.plan, ctx.method, ctx.seed, ctx.step
-    clock, t0 = ctx.clock, ctx.t0
+    actor, method = ctx.actor, ctx.method
     i, tree, mi = job.index, job.tree, job.rollouts
     out = PromptResult(i, tree)
     try:
-        seeds = [derive_seed(seed, "rollout", step, i, 0, j) for j in range(mi)]
+        seeds = [derive_seed(ctx.seed, "rollout", ctx.step, i, 0, j) for j in range(mi)]
         episodes = actor.start(tree, job.task, seeds)
         snapshots: dict[str, object] = {}
         out.bare_rollouts = mi
         out.generated_tokens = await _lockstep(
             actor, tree, episodes, [tree.root_id] * mi, BARE, snapshots if method.branches else None
         )
-        out.events.append(("bare_done", i, time.perf_counter() - t0))
+        out.events.append(("bare_done", i, time.perf_counter() - ctx.t0))
         if not method.branches:
             return out
         anchors = tree.anchors()
-        budget = mi * plan.branch_factor
+        budget = mi * ctx.plan.branch_factor
         if not anchors:
             out.unspent_prefix_budget = budget
             return out
         t1 = time.perf_counter()
-        values = predictor.predict([(tree, node.node_id) for node, _ in anchors])
-        clock.add("predictor", time.perf_counter() - t1)
+        values = ctx.predictor.predict([(tree, node.node_id) for node, _ in anchors])
+        ctx.clock.add("predictor", time.perf_counter() - t1)
         t1 = time.perf_counter()
         for (node, _), val in zip(anchors, values):
             node.predicted = float(val)
         q = prefix_flip_prob(np.array([r for _, r in anchors]), values)
-        k = allocate_method_prefixes(method, q, budget, derive_rng(seed, "prefixes", step, i))
+        k = allocate_method_prefixes(method, q, budget, derive_rng(ctx.seed, "prefixes", ctx.step, i))
         branches, parents = [], []
         for (node, _), kj in zip(anchors, k):
             for _ in range(kj):
-                branch_seed = derive_seed(seed, "rollout", step, i, 1, len(branches))
+                branch_seed = derive_seed(ctx.seed, "rollout", ctx.step, i, 1, len(branches))
                 branches.append(actor.fork(snapshots[node.node_id], branch_seed))
                 parents.append(node.node_id)
-        clock.add("allocate", time.perf_counter() - t1)
-        out.events.append(("stage2_start", i, time.perf_counter() - t0))
+        ctx.clock.add("allocate", time.perf_counter() - t1)
+        out.events.append(("stage2_start", i, time.perf_counter() - ctx.t0))
         out.continuations = len(branches)
         tokens = await _lockstep(actor, tree, branches, parents, BRANCH, None)
         out.generated_tokens += tokens
