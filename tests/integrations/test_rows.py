@@ -89,6 +89,6 @@ def test_each_weighting_on_a_hand_built_tree(weighting, copies):
     tree.add_turn(a.node_id, token_ids=[9], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=1.0)
     tree.add_turn(a.node_id, token_ids=[10], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=0.0)
     rows = tree_rows(tree, {"0.0": 0.5, "0.0.0": 1.0, "0.0.1": -1.0}, weighting)
-    assert [r.leaf_id for r in rows] == ["0.0.0", "0.0.1"]
+    assert [r.leaf_id for r in rows] == ["0.0.0", "0.0.1"]  # the order the leaves grew
     assert [r.weights for r in rows] == [[copies[0]] * 2 + [1.0], [copies[1]] * 2 + [1.0]]
     assert node_credit(rows)[(0, "0.0")] == pytest.approx(0.5 * sum(copies))

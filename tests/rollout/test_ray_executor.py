@@ -50,9 +50,9 @@ def test_the_executors_own_cluster_is_on_loopback():
     """A fresh process, no Ray settings in its environment: the cluster the executor starts has 127.0.0.1 as
     its node address, where Ray then binds every listener (measured with ss: see the module docstring)."""
     code = (
-        "import ray\n"
         "from trace_rl.rollout.ray_executor import RayConfig, RayExecutor\n"
         "RayExecutor(RayConfig(workers=1))\n"
+        "import ray\n"
         "print(ray.nodes()[0]['NodeManagerAddress'], ray.get_runtime_context().gcs_address)\n"
         "ray.shutdown()\n"
     )

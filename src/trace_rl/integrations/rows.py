@@ -67,9 +67,10 @@ def tree_rows(
 
     Leaves without a reward (an unfinished rollout) cannot be trained on and raise."""
     paths = tree_paths(tree)
+    by_leaf = {path[-1].node_id: (path, w) for path, w in zip(paths, copy_weights(paths, weighting))}
     rows = []
-    for path, path_weights in zip(paths, copy_weights(paths, weighting)):
-        leaf = path[-1]
+    for leaf in tree.leaves():  # rows in the order the leaves grew (a path's "first" is still depth-first)
+        path, path_weights = by_leaf[leaf.node_id]
         if leaf.reward is None:
             raise ValueError(f"leaf {leaf.node_id!r} of tree {tree.root_id!r} has no reward")
         ids, mask, node_ids, adv, wts, lens = [], [], [], [], [], []
