@@ -15,7 +15,8 @@ Both layouts take the paths, the node validation and the weighting of a shared n
 (stated there once). A node is trained once in either layout, with its advantage times its total weight
 (`paths.node_weights`): 1 under weighting="first" (the default) and "split", which are then the same update,
 and k, the paths through it, under "leaf". Folding the weight into the advantage is exact for the losses of
-`train.losses` (PPO clip, dual clip and plain PG scale with the advantage for either sign).
+`train.losses` (PPO clip, dual clip and plain PG scale with the advantage for either sign); the KL term to a
+reference model is not weighted.
 
 Trade-offs and limits:
 - The tree mask is a dense (T, T) tensor per row, so memory and attention work grow with the square of the
