@@ -1,7 +1,8 @@
 """TRACE with its learned predictor (method `trace`, not the oracle) beats GRPO's effective ratio on every seed.
 
-The learned V~ starts uninformed and is fitted online to the trees the run grows, so this is the claim the
-testbed exists for; the oracle version is tested in test_simulate.py. Small settings, a few seconds."""
+The learned V~ starts uninformed and is fitted online to the trees the run grows; the oracle version is tested
+in test_simulate.py. What is compared is the whole method at equal budget (root allocation by V~ and stage-2
+branching together), not the predictor alone. Small settings, about a second per seed."""
 
 import numpy as np
 import pytest
