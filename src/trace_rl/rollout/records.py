@@ -24,7 +24,7 @@ from typing import Iterable
 import numpy as np
 
 from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
-from ..predictors.diagnostics import node_records, spearman, step_diagnostics
+from ..predictors.diagnostics import node_records, spearman_rho, step_diagnostics
 from .engine import StepResult
 
 GROUPS = ("rollout", "alloc", "predictor", "timing_s", "eval", "train")
@@ -53,7 +53,7 @@ def _spearman_depth_1(trees: list) -> dict:
     recs = [r for r in node_records(trees) if r["depth"] == 1]
     if len(recs) < 3:
         return {}
-    rho = spearman(np.array([r["predicted"] for r in recs]), np.array([r["target"] for r in recs]))[0]
+    rho = spearman_rho([r["predicted"] for r in recs], [r["target"] for r in recs])  # numpy only: no SciPy needed
     return {"spearman_depth_1": float(rho)} if rho == rho else {}
 
 
