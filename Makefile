@@ -1,6 +1,6 @@
 # The whole set-up is `make demo` (the main job: train the tiny CPU agent with TRACE) and `make test` (lint and
-# the suite); each creates .venv first.
-.PHONY: install models demo train simulate rollout evidence ablation propositions bench lint test clean
+# the suite); each creates .venv first. `make test-core` runs the suite in a numpy-only .venv-core (the rest skips).
+.PHONY: install models demo train simulate rollout evidence ablation propositions bench lint test test-core clean
 
 install: .venv/.installed
 
@@ -42,5 +42,12 @@ lint: install
 test: lint
 	.venv/bin/python -m pytest tests
 
+.venv-core/.installed: pyproject.toml scripts/install.sh
+	VENV=.venv-core CORE_ONLY=1 scripts/install.sh
+	touch $@
+
+test-core: .venv-core/.installed
+	.venv-core/bin/python -m pytest tests
+
 clean:
-	rm -rf .venv runs build *.egg-info src/*.egg-info
+	rm -rf .venv .venv-core runs build *.egg-info src/*.egg-info

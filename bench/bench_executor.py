@@ -48,13 +48,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
     plan = BudgetPlan()
-    import ray
-
     from trace_rl.rollout.ray_executor import RayConfig, RayExecutor
 
     t0 = time.perf_counter()
-    ray_ex = RayExecutor(RayConfig(workers=args.workers))
+    ray_ex = RayExecutor(RayConfig(workers=args.workers))  # before `import ray`: it keeps the cluster on 127.0.0.1
     startup = time.perf_counter() - t0
+    import ray
+
     run(ray_ex, 1, plan)  # the first step starts the workers' interpreters: not charged to either side
     rows = []
     for name, ex in (("local", LocalExecutor()), (f"ray ({args.workers} workers)", ray_ex)):

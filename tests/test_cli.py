@@ -8,6 +8,7 @@ from trace_rl.cli import main
 
 
 def test_simulate_writes_config_table_metrics_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")  # simulate draws its plots with matplotlib (the plots extra)
     out = tmp_path / "run"
     code = main(
         [
@@ -32,6 +33,7 @@ def test_simulate_writes_config_table_metrics_and_plots(tmp_path, capsys):
 
 
 def test_old_flag_spellings_and_a_config_file(tmp_path, capsys):
+    pytest.importorskip("matplotlib")  # simulate draws its plots with matplotlib (the plots extra)
     cfg = tmp_path / "c.yaml"
     cfg.write_text("steps: 1\nbudget:\n  prompts: 4\n  rollouts_per_prompt: 2\n")
     out = tmp_path / "run"
@@ -105,6 +107,7 @@ def test_console_script_propositions():
 
 
 def test_every_command_lists_its_keys(capsys):
+    pytest.importorskip("torch")  # the LM commands' configs import torch
     from trace_rl.cli import _config_classes
 
     for command in _config_classes():

@@ -15,6 +15,7 @@ Y10 = [1, 4, 2, 3, 8, 5, 0, 7, 6, 9]
 
 
 def test_spearman_p_value_is_the_t_test_not_a_normal_approximation():
+    pytest.importorskip("scipy")  # p-values come from scipy (the plots extra)
     assert sum((a - b) ** 2 for a, b in zip(X10, Y10)) == 66
     rho, p = spearman(X10, Y10)
     assert rho == pytest.approx(0.6)
@@ -22,7 +23,7 @@ def test_spearman_p_value_is_the_t_test_not_a_normal_approximation():
 
 
 def test_spearman_rho_needs_no_scipy_and_matches_it_with_ties():
-    from scipy.stats import spearmanr
+    spearmanr = pytest.importorskip("scipy.stats").spearmanr  # the reference; the code under test needs no scipy
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 4, 40).astype(float)  # many ties
@@ -44,6 +45,7 @@ def test_missing_scipy_gives_one_clear_error(monkeypatch):
 
 
 def test_format_p_never_prints_zero_for_a_tiny_p():
+    pytest.importorskip("scipy")  # p-values come from scipy (the plots extra)
     assert format_p(0.0667) == "0.067" and format_p(0.001) == "0.001"
     assert format_p(3.2e-8) == "3.2e-08" and format_p(0.0) == "<1e-300" and format_p(float("nan")) == "nan"
     table = format_diagnosis({"trace": summarize_records(_records(200, np.random.default_rng(1)), max_depth=2)})
@@ -73,6 +75,7 @@ def _write(path, records):
 
 
 def test_diagnose_writes_into_out_dir_and_leaves_the_run_alone(tmp_path):
+    pytest.importorskip("scipy")  # p-values come from scipy (the plots extra)
     rng = np.random.default_rng(0)
     run = tmp_path / "run"
     _write(run / "predictions.jsonl", _records(300, rng) + _records(120, rng, method="grpo"))
@@ -86,6 +89,7 @@ def test_diagnose_writes_into_out_dir_and_leaves_the_run_alone(tmp_path):
 
 
 def test_diagnose_reads_a_multi_seed_run(tmp_path):
+    pytest.importorskip("scipy")  # p-values come from scipy (the plots extra)
     rng = np.random.default_rng(1)
     for seed in (0, 1):
         _write(tmp_path / f"seed{seed}" / "predictions.jsonl", _records(200, rng))

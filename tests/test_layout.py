@@ -1,5 +1,8 @@
-"""The package layout: packages depend downward only, the core imports numpy alone, and the stdlib-only
-sandbox tests run where math-verify is missing."""
+"""The package layout: packages depend downward only, no import cycles, no private names imported across modules,
+the core imports numpy alone, and the stdlib-only sandbox tests run where math-verify is missing.
+
+The rank table below is the one statement of the layers: docs/design.md's "Layers" table is written from it
+(`python tests/test_layout.py` rewrites it) and a test checks that the page still matches."""
 
 import ast
 import os
@@ -9,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
-CORE = {"tree", "allocation", "advantages", "metrics", "methods", "knapsack", "seeding", "stats"}
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "trace_rl"
+DESIGN = ROOT / "docs" / "design.md"
+CORE = {"tree", "paths", "allocation", "advantages", "metrics", "methods", "knapsack", "seeding", "stats"}
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
     "plots": 1,
@@ -28,6 +33,36 @@ RANK = {
     "config": 8,
     "diagnose": 9,
     "cli": 10,
+}
+# what each unit holds, for the docs' table (a unit missing here fails test_every_unit_is_ranked_and_described)
+HOLDS = {
+    "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's allocator, methods, "
+    "advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
+    "plots": "PNG plots of metrics (matplotlib)",
+    "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM)",
+    "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",
+    "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, diagnostics",
+    "envs": "env protocol and ReAct action format; calculator, math + sandbox, QA + retrieval server, BFCL; "
+    "task loaders and registry",
+    "agent": "ReAct turns over token histories",
+    "rollout": "the one TRACE step (`engine`, `grow`: generic over an Actor), the Ray executor, the LM actor "
+    "(also plays evaluation episodes), the metrics schema, pass@k evaluation",
+    "stack": "the settings groups every LM command shares (policy, predictor, env, engine; torch-free) and the one "
+    "builder of the LM stack: env, policy backend (hf, vllm or server), predictor, actor, engine",
+    "testbed": "synthetic env with exact V, tabular policy and its Actor, oracle, `simulate`, propositions",
+    "train": "the policy update (losses, tree packing), the trainer, checkpoints, loggers, `sft`, `compare`, "
+    "`rollout` (the stack without the update)",
+    "integrations": "rows for verl and TRL; the verl plugin, the TRL rollout_func",
+    "viewer": "HTML tree view",
+    "config": "typed configs from YAML and key=value overrides",
+    "diagnose": "`diagnose`: the predictor's calibration from a run",
+    "cli": "the `trace-rl` command; imports each layer only for the command that needs it",
+}
+# Known violations in files other work is changing; each entry is removed when its file is fixed (the lead
+# empties this list at merge time). An entry that no longer occurs fails the test, so the list cannot go stale.
+KNOWN_VIOLATIONS = {
+    # the retriever env and its server import each other (owner: the recovery work)
+    "cycle: trace_rl.envs.retrieval -> trace_rl.envs.retrieval_server -> trace_rl.envs.retrieval",
 }
 
 
@@ -109,3 +144,157 @@ def test_sandbox_tests_run_without_math_verify(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "skipped" not in proc.stdout and " passed" in proc.stdout
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in SRC.rglob("*.py")}
+
+
+def _module_imports(module: str, source: str, package: bool = False) -> list[tuple[str, str | None]]:
+    """(imported trace_rl module, imported name or None) of every import in `module`'s source, functions
+    included; a name that is a submodule counts as that module."""
+    me = module.split(".")
+    here = me if package else me[:-1]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if a.name.split(".")[0] == "trace_rl"]
+        elif isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level + 1] if node.level else []
+            target = ".".join(base + (node.module.split(".") if node.module else []))
+            if target.split(".")[0] != "trace_rl":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.append((sub, None) if sub in MODULES else (target, alias.name))
+    return out
+
+
+def _violations() -> set[str]:
+    found, graph = set(), {}
+    for mod, path in MODULES.items():
+        graph[mod] = set()
+        for target, name in _module_imports(mod, path.read_text(), path.name == "__init__.py"):
+            if target != mod:
+                graph[mod].add(target)
+            if name and name.startswith("_") and not name.startswith("__") and target != mod:
+                found.add(f"private: {mod} imports {name} from {target}")
+    for cycle in _cycles(graph):
+        found.add("cycle: " + " -> ".join(cycle + cycle[:1]))
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module, as the modules of a cycle through
+    its smallest name (Tarjan's algorithm, then a breadth-first path back)."""
+    index, low, stack, on, comps = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(set(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    out = []
+    for comp in comps:
+        start = min(comp)
+        prev, frontier = {start: None}, [start]
+        while frontier and start not in [w for v in frontier for w in graph[v]]:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & comp):
+                    if w not in prev:
+                        prev[w] = v
+                        nxt.append(w)
+            frontier = nxt
+        last = next(v for v in frontier if start in graph[v])
+        path = [last]
+        while prev[path[-1]] is not None:
+            path.append(prev[path[-1]])
+        out.append(path[::-1])
+    return out
+
+
+def test_no_import_cycles_and_no_private_names_across_modules():
+    found = _violations()
+    new = sorted(found - KNOWN_VIOLATIONS)
+    assert not new, "new violations:\n" + "\n".join(new)
+    fixed = sorted(KNOWN_VIOLATIONS - found)
+    assert not fixed, "fixed, remove from KNOWN_VIOLATIONS:\n" + "\n".join(fixed)
+
+
+def test_the_checks_see_a_cycle_and_a_private_import():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    src = "from ..allocation import _seed, plan\nfrom . import engine\nimport trace_rl.tree\n"
+    assert _module_imports("trace_rl.rollout.x", src) == [
+        ("trace_rl.allocation", "_seed"),
+        ("trace_rl.allocation", "plan"),
+        ("trace_rl.rollout.engine", None),
+        ("trace_rl.tree", None),
+    ]
+
+
+def layer_table() -> str:
+    """docs/design.md's "Layers" table, from RANK, CORE and HOLDS."""
+    units = sorted(RANK, key=lambda u: (RANK[u], u))
+    lines = ["| rank | units | holds |", "|---|---|---|"]
+    core = ", ".join(f"`{m}`" for m in sorted(CORE))
+    lines.append(f"| 0 | core: {core} (top level of `trace_rl`) | {HOLDS['core']} |")
+    for rank in sorted(set(RANK.values())):
+        for u in [u for u in units if RANK[u] == rank]:
+            name = f"`{u}/`" if (SRC / u).is_dir() else f"`{u}.py`"
+            lines.append(f"| {rank} | {name} | {HOLDS[u]} |")
+    return "\n".join(lines) + "\n"
+
+
+BEGIN = "<!-- layer table: written by `python tests/test_layout.py` from its rank table; do not edit by hand -->\n"
+END = "<!-- end of layer table -->\n"
+
+
+def _design_with(table: str) -> str:
+    text = DESIGN.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return head + BEGIN + table + END + tail
+
+
+def test_every_unit_is_ranked_and_described():
+    units = {_unit(p) for p in SRC.rglob("*.py")} - {"__init__"}
+    assert units - CORE == set(RANK), "rank every top-level module and package of trace_rl in RANK"
+    assert set(HOLDS) == set(RANK) | {"core"}
+
+
+def test_the_design_doc_quotes_the_rank_table():
+    text = DESIGN.read_text()
+    assert BEGIN in text and END in text, f"{DESIGN.name} lost its layer-table markers"
+    assert text == _design_with(layer_table()), "docs/design.md's layer table is stale: run python tests/test_layout.py"
+
+
+if __name__ == "__main__":  # rewrite docs/design.md's layer table from the rank table
+    DESIGN.write_text(_design_with(layer_table()))
+    print(f"wrote the layer table of {DESIGN}")

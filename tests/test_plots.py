@@ -1,9 +1,9 @@
 import math
 
-import matplotlib
 import numpy as np
 import pytest
 
+matplotlib = pytest.importorskip("matplotlib")  # the plots extra; a core-only install skips this file
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.colors import to_rgb

@@ -295,10 +295,12 @@ def _serve_retriever(cfg, yaml_text: str) -> None:
 
 
 def _propositions(cfg, yaml_text: str) -> None:
-    from .testbed.propositions import check_propositions, report_lines
+    from .testbed.propositions import check_propositions, report_lines, verdicts
 
     r = check_propositions(tasks=cfg.tasks, episodes=cfg.episodes, seed=cfg.seed)
     print("\n".join(report_lines(r)))
+    if not all(v.passed for v in verdicts(r)):
+        raise SystemExit(1)  # a failed check is a failed command (CI and `make evidence` must see it)
 
 
 def _config_classes() -> dict[str, tuple[str, object, str | None, str]]:

@@ -188,23 +188,3 @@ def load_trees(path: str | Path) -> list[RolloutTree]:
             except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
                 raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree ({err})") from None
     return trees
-
-
-def turn_rows(tree: RolloutTree, advantages: dict[str, float]) -> list[dict]:
-    """Flatten a tree to training rows: each turn node once, with its tokens, mask, log-probs and advantage."""
-    rows = []
-    for node in tree.turns():
-        if node.node_id not in advantages:
-            continue
-        rows.append(
-            {
-                "node_id": node.node_id,
-                "depth": node.depth,
-                "token_ids": node.token_ids,
-                "loss_mask": node.loss_mask,
-                "logprobs": node.logprobs,
-                "advantage": float(advantages[node.node_id]),
-                "info": node.info,
-            }
-        )
-    return rows

@@ -1,6 +1,7 @@
 import pytest
 
-from trace_rl.tree import BRANCH, RolloutTree, load_trees, save_trees, turn_rows
+from trace_rl.paths import turn_rows
+from trace_rl.tree import BRANCH, RolloutTree, load_trees, save_trees
 
 
 def test_ids_targets_and_leaf_counts(small_tree):

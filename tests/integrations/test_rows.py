@@ -3,7 +3,7 @@ import pytest
 
 from trace_rl.advantages import batch_advantages
 from trace_rl.integrations.rows import batch_rows, node_credit, pad_rows, tree_rows
-from trace_rl.tree import turn_rows
+from trace_rl.paths import turn_rows
 
 
 def test_one_row_per_leaf_with_the_whole_path(trees):
@@ -37,7 +37,7 @@ def test_split_weights_train_every_node_once_as_the_core_does(trees, estimator):
 
 
 def test_unsplit_weights_count_a_shared_node_once_per_leaf(trees):
-    rows = batch_rows(trees, "trace", weighting="none")
+    rows = batch_rows(trees, "trace", weighting="leaf")
     credit = node_credit(rows)
     adv = batch_advantages("trace", trees)
     shared = [(i, n) for i, t in enumerate(trees) for n in t.turns() if n.leaves > 1 and sum(n.loss_mask)]
@@ -77,3 +77,18 @@ def test_pad_rows_pads_and_truncates():
     out = pad_rows([[1.0, 2.0], [3.0], []], width=None)
     assert out.shape == (3, 2) and np.array_equal(out, [[1, 2], [3, 0], [0, 0]])
     assert np.array_equal(pad_rows([[1.0, 2.0, 3.0]], width=2), [[1, 2]])
+
+
+@pytest.mark.parametrize("weighting,copies", [("first", [1.0, 0.0]), ("split", [0.5, 0.5]), ("leaf", [1.0, 1.0])])
+def test_each_weighting_on_a_hand_built_tree(weighting, copies):
+    from trace_rl.tree import RolloutTree
+
+    tree = RolloutTree(0)
+    tree.root.token_ids, tree.root.loss_mask = [5, 6], [0, 0]
+    a = tree.add_turn("0", token_ids=[7, 8], loss_mask=[1, 0], logprobs=[-1.0])
+    tree.add_turn(a.node_id, token_ids=[9], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=1.0)
+    tree.add_turn(a.node_id, token_ids=[10], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=0.0)
+    rows = tree_rows(tree, {"0.0": 0.5, "0.0.0": 1.0, "0.0.1": -1.0}, weighting)
+    assert [r.leaf_id for r in rows] == ["0.0.0", "0.0.1"]  # the order the leaves grew
+    assert [r.weights for r in rows] == [[copies[0]] * 2 + [1.0], [copies[1]] * 2 + [1.0]]
+    assert node_credit(rows)[(0, "0.0")] == pytest.approx(0.5 * sum(copies))

@@ -76,10 +76,52 @@ def get_adv(method):
     return get_method(method).advantage
 
 
-def test_the_predictor_learns_in_the_rollout_process():
+def test_a_policy_trained_on_the_rows_moves_towards_the_successful_leaves():
+    """A few steps of the loss TRL's `dapo` loss reduces to at ratio 1 (-sum of advantage x log-prob over the
+    env-masked tokens / their count), on exactly the rows and advantages the rollout function hands TRL: the
+    loss falls and the policy's log-prob margin of reward-1 completions over reward-0 ones rises."""
+    torch = pytest.importorskip("torch")
+    from trace_rl.lm.models import create_tiny_model
+
     fn = rollout_func()
-    fn(prompts(4, 4), stand_in(4))
-    assert fn.last_result.predictor_loss is not None
+    out = fn(prompts(4, 4), stand_in(4))
+    assert fn.last_result.predictor_loss is not None  # the predictor was updated in this process too
+    keep = [i for i, row in enumerate(fn.last_rows) if row is not None]
+    rewards = torch.tensor([out["trace_reward"][i] for i in keep])
+    assert 0 < rewards.sum() < len(keep), "the scripted agent must both succeed and fail"
+    torch.manual_seed(0)
+    model, _ = create_tiny_model(tokenizer="byte", hidden=32, layers=2, heads=2)
+    model.float().train()
+    width = max(len(out["prompt_ids"][i]) + len(out["completion_ids"][i]) for i in keep)
+    ids = torch.zeros((len(keep), width), dtype=torch.long)
+    mask, adv = torch.zeros((len(keep), width)), torch.zeros((len(keep), width))
+    for r, i in enumerate(keep):
+        p, c = out["prompt_ids"][i], out["completion_ids"][i]
+        ids[r, : len(p) + len(c)] = torch.tensor(p + c)
+        mask[r, len(p) : len(p) + len(c)] = torch.tensor(out["env_mask"][i], dtype=torch.float)
+        adv[r, len(p) : len(p) + len(c)] = torch.tensor(fn.last_advantages[i])
+
+    def logprobs():  # log-prob of each token given the ones before it (column 0 predicts nothing)
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+        return torch.cat([torch.zeros((len(keep), 1)), lp], 1)
+
+    def loss_and_margin():
+        lp = logprobs()
+        loss = -(adv * lp * mask).sum() / mask.sum()
+        per_row = ((lp * mask).sum(1) / mask.sum(1)).detach()
+        return loss, float(per_row[rewards > 0.5].mean() - per_row[rewards <= 0.5].mean())
+
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    loss0, margin0 = loss_and_margin()
+    for _ in range(6):
+        loss, _ = loss_and_margin()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    loss1, margin1 = loss_and_margin()
+    assert float(loss1) < float(loss0)
+    assert margin1 > margin0
 
 
 def test_contract_violations_are_refused():

@@ -2,15 +2,19 @@
 its prompt retried on another worker with the budget counted once. Two local workers on CPU."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # as the executor does: Ray on 127.0.0.1 only
 ray = pytest.importorskip("ray")
 
 from trace_rl.methods import BudgetPlan, get_method  # noqa: E402
 from trace_rl.predictors.text import light_text_predictor  # noqa: E402
 from trace_rl.rollout.engine import TreeRolloutEngine  # noqa: E402
 from trace_rl.rollout.ray_executor import RayConfig, RayExecutor  # noqa: E402
+from trace_rl.rollout.records import step_record  # noqa: E402
 from trace_rl.testbed.actor import TestbedActor  # noqa: E402
 from trace_rl.testbed.env import TestbedConfig, make_tasks  # noqa: E402
 from trace_rl.testbed.policy import SoftmaxPolicy  # noqa: E402
@@ -35,12 +39,30 @@ def executor():
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
-        _node_ip_address="127.0.0.1",
         runtime_env={"env_vars": {"PYTHONPATH": path}},
     )
     ex = RayExecutor(RayConfig(workers=2))
     yield ex
     ray.shutdown()
+
+
+def test_the_executors_own_cluster_is_on_loopback():
+    """A fresh process, no Ray settings in its environment: the cluster the executor starts has 127.0.0.1 as
+    its node address, where Ray then binds every listener (measured with ss: see the module docstring)."""
+    code = (
+        "from trace_rl.rollout.ray_executor import RayConfig, RayExecutor\n"
+        "RayExecutor(RayConfig(workers=1))\n"
+        "import ray\n"
+        "print(ray.nodes()[0]['NodeManagerAddress'], ray.get_runtime_context().gcs_address)\n"
+        "ray.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    node, gcs = proc.stdout.split()[-2:]
+    assert node == "127.0.0.1" and gcs.startswith("127.0.0.1:")
 
 
 def _untimed(res):
@@ -89,6 +111,8 @@ def test_a_worker_that_dies_mid_tree_is_replaced_and_the_prompt_retried(executor
     got, got_trees, _ = _grow(actor, executor)
     assert os.path.exists(tmp_path / "died")  # the worker did die
     assert executor.retries == before + 1
+    assert got.worker_retries == 1 and step_record(got).rollout["worker_retries"] == 1  # in the step's metrics
+    assert want.worker_retries == 0
     assert got_trees == trees
     assert got.rollouts + got.unspent_prefix_budget == plan.total == want.rollouts + want.unspent_prefix_budget
 

@@ -43,3 +43,16 @@ def test_max_z_counts_standard_errors_and_needs_exact_agreement_without_spread()
     assert _max_z(np.array([0.3, -0.2]), np.array([0.1, 0.1])) == pytest.approx(3.0)
     assert _max_z(np.array([0.0, 0.0]), np.array([0.1, 0.0])) == 0.0
     assert _max_z(np.array([0.0, 1e-6]), np.array([0.1, 0.0])) == np.inf
+
+
+def test_the_command_exits_non_zero_when_a_check_fails(monkeypatch, capsys):
+    from trace_rl.cli import main
+
+    assert main(["propositions", "tasks=8", "episodes=300"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("all checks passed")
+    values = propositions._values
+    monkeypatch.setattr(propositions, "_values", lambda p, t: 0.9 * values(p, t) + 0.05)  # not a martingale
+    with pytest.raises(SystemExit) as exc:
+        main(["propositions", "tasks=8", "episodes=300"])
+    assert exc.value.code == 1
+    assert "checks FAILED" in capsys.readouterr().out

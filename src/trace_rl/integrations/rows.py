@@ -2,10 +2,12 @@
 
 Both trainers take flat sequences (prompt + response), not trees, so every root-to-leaf path becomes one row:
 the root's tokens are the prompt, the turns along the path are the response. A turn shared by k leaves then
-appears in k rows; each of its tokens carries weight 1/k (`weighting="split"`), so summed over the rows of a
-tree every turn node counts once, as `trace_rl.tree.turn_rows` trains it. The advantage of a token is its
-node's advantage from the core estimator (`batch_advantages`), unchanged; `weighted_advantages` multiplies
-in the weight, which is what a trainer that cannot take per-token weights receives as its advantage.
+appears in k rows; how much each copy weighs is `trace_rl.paths`'s `weighting`, stated there once: "split"
+(the default here: 1/k per copy, so summed over a tree's rows every turn node counts once, as the trainer's
+packing trains it), "first" (1 on the first row, 0 on the others) or "leaf" (1 per copy, k in all). The
+advantage of a token is its node's advantage from the core estimator (`batch_advantages`), unchanged;
+`weighted_advantages` multiplies in the weight, which is what a trainer that cannot take per-token weights
+receives as its advantage.
 
 Trade-offs and limits:
 - Folding the weight into the advantage is exact for losses that are positively homogeneous in the advantage
@@ -13,7 +15,6 @@ Trade-offs and limits:
   node once under a token-sum loss normalised by a constant (verl `token-mean`, TRL `dapo`/`bnpo`); a per-row
   mean (TRL `grpo`, verl `seq-mean-*`) divides each copy by its own row length, so long rows weigh less.
 - The forward pass still runs over every copy of a shared prefix: rows trade compute for trainer compatibility.
-- `weighting="none"` gives every copy weight 1 (a shared node counts k times), for comparison only.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from typing import Sequence
 import numpy as np
 
 from ..advantages import batch_advantages
+from ..paths import copy_weights, tree_paths
 from ..tree import RolloutTree
-
-WEIGHTINGS = ("split", "none")
 
 
 @dataclass
@@ -42,7 +42,7 @@ class PathRow:
     logprobs: list[float] | None  # sampling log-probs per token (0.0 off the mask); None if any turn lacks them
     node_ids: list[str]  # the node each response token belongs to
     advantages: list[float]  # the token's node advantage, unweighted
-    weights: list[float]  # 1 / (leaves through the token's node) under "split", 1 under "none"
+    weights: list[float]  # the copy's weight under `weighting` (trace_rl.paths)
     reward: float
     turn_lengths: list[int] = field(default_factory=list)  # response tokens per turn along the path
 
@@ -52,12 +52,10 @@ class PathRow:
 
 
 def _turn_logprobs(node) -> list[float] | None:
-    """Per-token log-probs of one turn: the node stores them for its policy tokens only, in order."""
-    policy = sum(node.loss_mask)
+    """Per-token log-probs of one turn (validated by `paths.check_node`): the node stores them for its policy
+    tokens only, in order; None when a turn with policy tokens has none."""
     if not node.logprobs:
-        return None if policy else [0.0] * len(node.token_ids)
-    if len(node.logprobs) != policy:
-        raise ValueError(f"node {node.node_id!r}: {len(node.logprobs)} log-probs for {policy} policy tokens")
+        return None if sum(node.loss_mask) else [0.0] * len(node.token_ids)
     it = iter(node.logprobs)
     return [next(it) if m else 0.0 for m in node.loss_mask]
 
@@ -68,18 +66,16 @@ def tree_rows(
     """One row per leaf of `tree`, with the per-node `advantages` (from the core estimators) spread on tokens.
 
     Leaves without a reward (an unfinished rollout) cannot be trained on and raise."""
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-    tree.compute_targets()  # fills node.leaves, the number of rows that carry each node
+    paths = tree_paths(tree)
+    by_leaf = {path[-1].node_id: (path, w) for path, w in zip(paths, copy_weights(paths, weighting))}
     rows = []
-    for leaf in tree.leaves():
+    for leaf in tree.leaves():  # rows in the order the leaves grew (a path's "first" is still depth-first)
+        path, path_weights = by_leaf[leaf.node_id]
         if leaf.reward is None:
             raise ValueError(f"leaf {leaf.node_id!r} of tree {tree.root_id!r} has no reward")
         ids, mask, node_ids, adv, wts, lens = [], [], [], [], [], []
         logprobs: list[float] | None = []
-        for node in tree.path(leaf.node_id)[1:]:
-            if len(node.token_ids) != len(node.loss_mask):
-                raise ValueError(f"node {node.node_id!r}: {len(node.token_ids)} tokens, {len(node.loss_mask)} mask")
+        for node, w in zip(path[1:], path_weights[1:]):
             n = len(node.token_ids)
             ids += node.token_ids
             mask += node.loss_mask
@@ -87,7 +83,7 @@ def tree_rows(
             if node.node_id not in advantages:
                 raise KeyError(f"no advantage for node {node.node_id!r} of tree {tree.root_id!r}")
             adv += [float(advantages[node.node_id])] * n
-            wts += [1.0 / node.leaves if weighting == "split" else 1.0] * n
+            wts += [w] * n
             lens.append(n)
             turn_lp = _turn_logprobs(node)
             logprobs = None if logprobs is None or turn_lp is None else logprobs + turn_lp
@@ -121,8 +117,8 @@ def batch_rows(
 
 def node_credit(rows: Sequence[PathRow]) -> dict[tuple[int, str], float]:
     """Sum over rows of weight x advantage x mask, per (tree index, node id): the gradient weight each node's
-    policy tokens receive in total. Under "split" it equals advantage x policy tokens of the node, as when the
-    node is trained once; tests and diagnostics compare the two."""
+    policy tokens receive in total. Under "split" and "first" it equals advantage x policy tokens of the node,
+    as when the node is trained once; tests and diagnostics compare the two."""
     out: dict[tuple[int, str], float] = {}
     for row in rows:
         for nid, a, w, m in zip(row.node_ids, row.advantages, row.weights, row.loss_mask):

@@ -5,7 +5,7 @@ A record is flat JSON with slash-namespaced keys (verl's and TRL's convention):
 - `rollout/*`: what the trees hold: effective_ratio (share of active prompts with a success and a failure),
   contrast_groups and contrast_groups_per_1k (per 1,000 rollouts), success_rate, rollouts, bare_rollouts,
   continuations, flips (continuations that ended unlike their bare rollout), turns, prefix_turns,
-  generated_tokens, prefix_generated_tokens
+  generated_tokens, prefix_generated_tokens, worker_retries (prompts started again after their Ray worker died)
 - `alloc/*`: how the budget was placed: pool, active_prompts, prefix_share (continuations / rollouts),
   unspent_prefix_budget
 - `predictor/*`: loss of the update, spearman_root, spearman_depth_1, spearman_prefix, ece, brier
@@ -24,7 +24,7 @@ from typing import Iterable
 import numpy as np
 
 from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
-from ..predictors.diagnostics import node_records, spearman, step_diagnostics
+from ..predictors.diagnostics import node_records, spearman_rho, step_diagnostics
 from .engine import StepResult
 
 GROUPS = ("rollout", "alloc", "predictor", "timing_s", "eval", "train")
@@ -53,7 +53,7 @@ def _spearman_depth_1(trees: list) -> dict:
     recs = [r for r in node_records(trees) if r["depth"] == 1]
     if len(recs) < 3:
         return {}
-    rho = spearman(np.array([r["predicted"] for r in recs]), np.array([r["target"] for r in recs]))[0]
+    rho = spearman_rho([r["predicted"] for r in recs], [r["target"] for r in recs])  # numpy only: no SciPy needed
     return {"spearman_depth_1": float(rho)} if rho == rho else {}
 
 
@@ -85,6 +85,7 @@ def step_record(result: StepResult, seed: int = 0) -> StepRecord:
             "prefix_turns": budget.prefix_turns,
             "generated_tokens": result.generated_tokens,
             "prefix_generated_tokens": result.prefix_generated_tokens,
+            "worker_retries": result.worker_retries,
         },
         alloc={
             "pool": len(trees),

@@ -26,13 +26,14 @@ import numpy as np
 
 from ..advantages import batch_advantages
 from ..methods import METHODS, BudgetPlan, Method, get_method
+from ..paths import turn_rows
 from ..predictors import RewardHistoryPredictor
 from ..predictors.diagnostics import node_records
 from ..rollout.engine import EXECUTORS, TreeRolloutEngine, make_executor
 from ..rollout.ray_executor import RayConfig
 from ..rollout.records import MetricsWriter, read_metrics, step_record
 from ..seeding import derive_rng
-from ..tree import save_trees, turn_rows
+from ..tree import save_trees
 from .actor import TestbedActor
 from .env import TestbedConfig, TestbedTask, make_tasks
 from .policy import SoftmaxPolicy

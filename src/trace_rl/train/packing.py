@@ -11,6 +11,13 @@ The flat layout (`pack_paths`) is the baseline: one right-padded row per root-to
 standard causal mask, so a prefix shared by k leaves is encoded k times; each node is still trained once, on
 the first path (depth-first) that contains it.
 
+Both layouts take the paths, the node validation and the weighting of a shared node from `trace_rl.paths`
+(stated there once). A node is trained once in either layout, with its advantage times its total weight
+(`paths.node_weights`): 1 under weighting="first" (the default) and "split", which are then the same update,
+and k, the paths through it, under "leaf". Folding the weight into the advantage is exact for the losses of
+`train.losses` (PPO clip, dual clip and plain PG scale with the advantage for either sign); the KL term to a
+reference model is not weighted.
+
 Trade-offs and limits:
 - The tree mask is a dense (T, T) tensor per row, so memory and attention work grow with the square of the
   row length (attention over a tree costs its whole length squared, more than the sum over its paths: the
@@ -30,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..paths import check_node, check_weighting, copy_weights, node_weights, tree_paths
 from ..tree import ROOT, RolloutTree, TurnNode
 
 Key = tuple[int, str]  # (tree index, node id): one segment, the policy tokens of one turn node
@@ -60,28 +68,22 @@ class PackedBatch:
         return {key: values[self.segment_ids == i] for i, key in enumerate(self.segments)}
 
 
-def _check_node(node: TurnNode) -> None:
-    if len(node.token_ids) != len(node.loss_mask):
-        raise ValueError(
-            f"node {node.node_id!r}: {len(node.token_ids)} token_ids but {len(node.loss_mask)} mask entries"
-        )
-    if sum(node.loss_mask) != len(node.logprobs):
-        raise ValueError(
-            f"node {node.node_id!r}: {sum(node.loss_mask)} policy tokens but {len(node.logprobs)} logprobs"
-        )
-
-
-def _needed(tree: RolloutTree, adv: dict[str, float]) -> dict[str, bool]:
-    """Which nodes are trained (in `adv`, with policy tokens) and which are needed (trained, or above one)."""
-    needed: dict[str, bool] = {}
-    for node in sorted(tree.nodes.values(), key=lambda n: -n.depth):
-        _check_node(node)
-        needed[node.node_id] = _is_trained(node, adv) or any(needed[c] for c in node.children)
-    return needed
-
-
 def _is_trained(node: TurnNode, adv: dict[str, float]) -> bool:
     return node.node_id in adv and node.origin != ROOT and any(node.loss_mask)
+
+
+def _trained_paths(tree: RolloutTree, adv: dict[str, float]) -> list[list[TurnNode]]:
+    """The tree's root-to-leaf paths cut to the part that holds a trained node (validated in `paths`)."""
+    return tree_paths(tree, keep=lambda n: _is_trained(n, adv))
+
+
+def _weighted(tree: RolloutTree, adv: dict[str, float], weighting: str) -> dict[str, float]:
+    """Each trained node's advantage times its total weight under `weighting` (trace_rl.paths)."""
+    for node in tree.nodes.values():
+        if _is_trained(node, adv):
+            check_node(node, need_logprobs=True)  # the ratio needs the sampling log-prob of every policy token
+    weights = node_weights(_trained_paths(tree, adv), weighting)
+    return {nid: float(a) * weights.get(nid, 1.0) for nid, a in adv.items()}
 
 
 # An entry of a row layout: (tree index, node, trained here, index of the parent entry or -1).
@@ -90,7 +92,8 @@ Entry = tuple[int, TurnNode, bool, int]
 
 def _tree_units(ti: int, tree: RolloutTree, adv: dict[str, float], max_tokens: int) -> list[list[Entry]]:
     """Split one tree into parts of at most max_tokens tokens (context copies included), depth-first."""
-    needed = _needed(tree, adv)
+    kept = {n.node_id for path in _trained_paths(tree, adv) for n in path}
+    needed = {nid: nid in kept for nid in tree.nodes}
     size: dict[str, int] = {}
     for node in sorted(tree.nodes.values(), key=lambda n: -n.depth):
         size[node.node_id] = len(node.token_ids) + sum(size[c] for c in node.children if needed[c])
@@ -211,11 +214,16 @@ def _batch(input_ids, position_ids, mask, cols, segments, encoded) -> PackedBatc
     )
 
 
-def _check_args(trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int) -> None:
+def _check_args(
+    trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int, weighting: str
+) -> list[dict[str, float]]:
+    """Validated arguments; returns each tree's advantages times the nodes' weights."""
     if len(trees) != len(advantages):
         raise ValueError(f"advantages must have one dict per tree, got {len(advantages)} for {len(trees)} trees")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    check_weighting(weighting)
+    return [_weighted(t, a, weighting) for t, a in zip(trees, advantages)]
 
 
 def _group(rows: list[list[Entry]], max_tokens: int) -> list[list[list[Entry]]]:
@@ -234,46 +242,32 @@ def _group(rows: list[list[Entry]], max_tokens: int) -> list[list[list[Entry]]]:
 
 
 def pack_trees(
-    trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int = 4096
+    trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int = 4096, weighting: str = "first"
 ) -> list[PackedBatch]:
     """Tree layout: one tree (or tree part, see the module doc) per row; rows grouped into micro-batches of
     at most `max_tokens` padded tokens. A row never mixes trees: a dense mask would spend attention work on
-    every masked pair between them."""
-    _check_args(trees, advantages, max_tokens)
+    every masked pair between them. `weighting`: how a shared node counts (trace_rl.paths)."""
+    advantages = _check_args(trees, advantages, max_tokens, weighting)
     rows = [unit for ti, tree in enumerate(trees) for unit in _tree_units(ti, tree, advantages[ti], max_tokens)]
     return [_tree_batch(g, advantages) for g in _group(rows, max_tokens)]
 
 
 def _paths(ti: int, tree: RolloutTree, adv: dict[str, float]) -> list[list[Entry]]:
-    """Root-to-leaf paths of the needed part of a tree; each trained node trained on its first path."""
-    needed = _needed(tree, adv)
-    seen: set[str] = set()
-    out = []
-
-    def walk(node: TurnNode, path: list[TurnNode]) -> None:
-        path = path + [node]
-        kids = [c for c in node.children if needed[c]]
-        if not kids:
-            entries = []
-            for i, n in enumerate(path):
-                train = _is_trained(n, adv) and n.node_id not in seen
-                seen.add(n.node_id)
-                entries.append((ti, n, train, i - 1))
-            out.append(entries)
-        for c in kids:
-            walk(tree[c], path)
-
-    if needed[tree.root_id]:
-        walk(tree.root, [])
-    return out
+    """Root-to-leaf paths of the trained part of a tree; each trained node trained on its first path (the
+    copies "first" weighting keeps; the node's total weight is already in `adv`)."""
+    paths = _trained_paths(tree, adv)
+    return [
+        [(ti, n, _is_trained(n, adv) and w > 0, i - 1) for i, (n, w) in enumerate(zip(path, ws))]
+        for path, ws in zip(paths, copy_weights(paths, "first"))
+    ]
 
 
 def pack_paths(
-    trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int = 4096
+    trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int = 4096, weighting: str = "first"
 ) -> list[PackedBatch]:
     """Flat layout: one right-padded row per root-to-leaf path, grouped into micro-batches of at most
-    `max_tokens` padded tokens (a longer path is a micro-batch of its own)."""
-    _check_args(trees, advantages, max_tokens)
+    `max_tokens` padded tokens (a longer path is a micro-batch of its own). `weighting` as in `pack_trees`."""
+    advantages = _check_args(trees, advantages, max_tokens, weighting)
     paths = [p for ti, tree in enumerate(trees) for p in _paths(ti, tree, advantages[ti])]
     return [_flat_batch(g, advantages) for g in _group(paths, max_tokens)]
 

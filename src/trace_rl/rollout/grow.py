@@ -1,0 +1,189 @@
+"""One prompt's share of a TRACE step: its bare rollouts, then its stage 2 as soon as they end (`grow_prompt`).
+
+What every prompt task of a step shares travels in one `StepContext` (the actor, the predictor, the budget,
+the method, the run's seed and step, the step's clock); what one prompt adds is its `PromptJob`. An executor
+(`engine.LocalExecutor`, `ray_executor.RayExecutor`) runs `grow_prompt(context, job)` for each job, here or
+in another process, and returns each job's `PromptResult`; `engine.TreeRolloutEngine` does the rest of the step.
+This module imports neither, so the executors and the engine depend on it, not on each other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from ..allocation import prefix_flip_prob
+from ..methods import BudgetPlan, Method, allocate_method_prefixes
+from ..predictors.base import Predictor
+from ..seeding import derive_rng, derive_seed
+from ..tree import BARE, BRANCH, RolloutTree
+
+TIMERS = ("generate", "env", "predictor", "allocate", "total")
+
+
+class Clock:
+    """Seconds per phase of one step. Environment steps may run in threads at once: `env` counts the wall time
+    during which at least one ran, not the sum over threads."""
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(TIMERS, 0.0)
+        self._lock = threading.Lock()
+        self._env_running, self._env_since = 0, 0.0
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] += seconds
+
+    def __getstate__(self) -> dict:  # a lock does not pickle: an executor ships actors that hold a clock
+        return {"seconds": dict(self.seconds)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+        self.seconds.update(state["seconds"])
+
+    def env_started(self) -> None:
+        with self._lock:
+            if not self._env_running:
+                self._env_since = time.perf_counter()
+            self._env_running += 1
+
+    def env_finished(self) -> None:
+        with self._lock:
+            self._env_running -= 1
+            if not self._env_running:
+                self.seconds["env"] += time.perf_counter() - self._env_since
+
+
+class Actor(Protocol):
+    """How turns are sampled. An episode is the actor's own object with `done` and `reward` attributes."""
+
+    def begin_step(self, prompts: int, clock: Clock) -> None:
+        """`prompts` prompt tasks are about to run this step; time goes to `clock`."""
+
+    def end_prompt(self) -> None:
+        """One prompt task finished (it will ask for no more turns this step)."""
+
+    def tree(self, index: int, task: object) -> RolloutTree:
+        """The empty tree of the pool's `index`-th prompt (its root id and what it stores as the prompt)."""
+
+    def start(self, tree: RolloutTree, task: object, seeds: Sequence[int]) -> list:
+        """Fresh episodes of `task`, one per seed; may fill the root node of `tree` (prompt tokens, features)."""
+
+    async def advance(self, episodes: Sequence) -> list[dict]:
+        """Sample one turn of each episode and step its environment; per episode, the turn's node fields
+        (thought, action, observation, token_ids, loss_mask, logprobs, info) for `RolloutTree.add_turn`."""
+
+    def fork(self, episode, seed: int):
+        """A copy of `episode` that continues from its state with its own random stream."""
+
+
+@dataclass
+class PromptResult:
+    """What growing one prompt's tree produced (an executor may run it in another process)."""
+
+    index: int
+    tree: RolloutTree
+    bare_rollouts: int = 0
+    continuations: int = 0
+    generated_tokens: int = 0
+    prefix_generated_tokens: int = 0
+    unspent_prefix_budget: int = 0
+    worker_retries: int = 0  # times the prompt was started again because its worker died (Ray executor)
+    events: list[tuple[str, int, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PromptJob:
+    """One prompt's share of a step: its tree (root already scored), task and root rollouts."""
+
+    index: int
+    tree: RolloutTree
+    task: object
+    rollouts: int
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every prompt task of one step shares. `t0` is the step's start on `clock`'s host (event times are
+    seconds since it); an executor in another process gives each task its own clock and t0 and adds the
+    task's seconds back."""
+
+    actor: Actor
+    predictor: Predictor
+    plan: BudgetPlan
+    method: Method
+    seed: int
+    step: int
+    clock: Clock
+    t0: float
+
+
+async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
+    """Bare rollouts of one prompt, then its stage 2 as soon as they end. Every random draw comes from streams
+    named by (seed, step, prompt), so the result does not depend on where or when it runs."""
+    actor, method = ctx.actor, ctx.method
+    i, tree, mi = job.index, job.tree, job.rollouts
+    out = PromptResult(i, tree)
+    try:
+        seeds = [derive_seed(ctx.seed, "rollout", ctx.step, i, 0, j) for j in range(mi)]
+        episodes = actor.start(tree, job.task, seeds)
+        snapshots: dict[str, object] = {}
+        out.bare_rollouts = mi
+        out.generated_tokens = await _lockstep(
+            actor, tree, episodes, [tree.root_id] * mi, BARE, snapshots if method.branches else None
+        )
+        out.events.append(("bare_done", i, time.perf_counter() - ctx.t0))
+        if not method.branches:
+            return out
+        anchors = tree.anchors()
+        budget = mi * ctx.plan.branch_factor
+        if not anchors:
+            out.unspent_prefix_budget = budget
+            return out
+        t1 = time.perf_counter()
+        values = ctx.predictor.predict([(tree, node.node_id) for node, _ in anchors])
+        ctx.clock.add("predictor", time.perf_counter() - t1)
+        t1 = time.perf_counter()
+        for (node, _), val in zip(anchors, values):
+            node.predicted = float(val)
+        q = prefix_flip_prob(np.array([r for _, r in anchors]), values)
+        k = allocate_method_prefixes(method, q, budget, derive_rng(ctx.seed, "prefixes", ctx.step, i))
+        branches, parents = [], []
+        for (node, _), kj in zip(anchors, k):
+            for _ in range(kj):
+                branch_seed = derive_seed(ctx.seed, "rollout", ctx.step, i, 1, len(branches))
+                branches.append(actor.fork(snapshots[node.node_id], branch_seed))
+                parents.append(node.node_id)
+        ctx.clock.add("allocate", time.perf_counter() - t1)
+        out.events.append(("stage2_start", i, time.perf_counter() - ctx.t0))
+        out.continuations = len(branches)
+        tokens = await _lockstep(actor, tree, branches, parents, BRANCH, None)
+        out.generated_tokens += tokens
+        out.prefix_generated_tokens = tokens
+        return out
+    finally:
+        actor.end_prompt()
+
+
+async def _lockstep(
+    actor: Actor, tree: RolloutTree, episodes: list, parents: list[str], origin: str, snapshots: dict | None
+) -> int:
+    """Advance `episodes` one turn at a time until all are done, appending each turn under its parent."""
+    generated = 0
+    while True:
+        live = [j for j, ep in enumerate(episodes) if not ep.done]
+        if not live:
+            return generated
+        turns = await actor.advance([episodes[j] for j in live])
+        for j, fields in zip(live, turns):
+            ep = episodes[j]
+            generated += len(fields.get("logprobs", ()))
+            node = tree.add_turn(
+                parents[j], origin=origin, terminal=ep.done, reward=float(ep.reward) if ep.done else None, **fields
+            )
+            parents[j] = node.node_id
+            if snapshots is not None and not ep.done:
+                snapshots[node.node_id] = actor.fork(ep, 0)  # the state to branch from later
