@@ -13,6 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
 CORE = {"tree", "allocation", "advantages", "metrics", "methods", "knapsack", "seeding"}
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
+    "errors": 0,
     "plots": 1,
     "lm": 1,
     "backends": 2,

@@ -180,9 +180,9 @@ def _train(cfg, yaml_text: str) -> None:
     from .train.trainer import train
 
     s = train(cfg, yaml_text)
-    before = "-" if s["accuracy_before"] is None else f"{s['accuracy_before']:.3f}"
+    before, after = ("-" if s[k] is None else f"{s[k]:.3f}" for k in ("accuracy_before", "accuracy_after"))
     print(
-        f"held-out accuracy: {before} before, {s['accuracy_after']:.3f} after {s['steps']} steps "
+        f"held-out accuracy: {before} before, {after} after {s['steps']} steps "
         f"({s['rollouts']:,} rollouts); peak resident memory {s['peak_rss_gib']:.2f} GiB"
     )
     records = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines() if line]

@@ -19,6 +19,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
+
 # old flag spellings whose last name is not the new key's
 FLAG_ALIASES = {
     "mix": "env.difficulty_mix",
@@ -27,10 +29,6 @@ FLAG_ALIASES = {
     "minutes": "sft.max_minutes",
     "max_steps": "steps",
 }
-
-
-class ConfigError(ValueError):
-    """A bad setting: the message is one line that names it and what is allowed."""
 
 
 def _fields(cls) -> list[dataclasses.Field]:
