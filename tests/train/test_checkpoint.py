@@ -79,7 +79,10 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_intact_one_with_one_line_
     assert [s for s, _ in checkpoints(run)] == [2] and (run / "global_step_4.damaged" / name).parent.is_dir()
 
 
-@pytest.mark.parametrize("case", ["truncated model.safetensors", "garbage predictor.pkl", "truncated trainer_state.json"])
+UNREADABLE = ["truncated model.safetensors", "garbage predictor.pkl", "truncated trainer_state.json"]
+
+
+@pytest.mark.parametrize("case", UNREADABLE)
 def test_checkpoints_without_a_manifest_load_with_a_warning_and_still_fall_back_when_unreadable(tmp_path, tiny, case):
     run = write_run(tmp_path / "run", tiny)
     for step in (2, 4):
