@@ -1,5 +1,6 @@
 """The `trace-rl` command line: `trace-rl CMD [--config FILE.yaml] [key=value ...]`, one typed config per command
-(`config.py`). Every user error is one line naming the setting, exit code 2, before any work starts."""
+(`config.py`). Every user error (`errors.UserError`) is one line naming the setting, exit code 2, before any work
+starts where it can be known then; any other exception is a bug and keeps its traceback (exit code 1)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, help_text, load_config, write_config
+from .config import help_text, load_config, write_config
+from .errors import ConfigError, UserError
 
 
 # -- small commands' settings (the big ones live beside their code) ------------------------------------------
@@ -99,6 +101,8 @@ class ServeRetrieverConfig:
             raise ValueError("corpus: give a passage corpus file")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.dense and self.encoder.startswith((".", "/", "~")) and not Path(self.encoder).expanduser().is_dir():
+            raise ValueError(f"encoder: no directory {self.encoder} (give a local encoder or 'all-minilm-l6-v2')")
 
 
 @dataclass
@@ -120,6 +124,9 @@ def _simulate(cfg, yaml_text: str) -> None:
     from .rollout.records import average_runs, format_table, summarize
     from .testbed.simulate import run_simulation
 
+    twice = sorted({m for m in cfg.methods if cfg.methods.count(m) > 1})
+    if twice:  # one table row and one metrics stream per method: a repeat would overwrite its own results
+        raise ConfigError(f"methods: {', '.join(twice)} listed more than once; list each method once")
     out = Path(cfg.out)
     write_config(yaml_text, out)
     seeds = list(cfg.seeds) or [cfg.seed]
@@ -152,10 +159,15 @@ def _simulate(cfg, yaml_text: str) -> None:
 
 
 def _rollout(cfg, yaml_text: str) -> None:
+    from .lm.models import resolve_model_path
     from .plots import plot_metric
     from .rollout.compare import run_rollout
     from .rollout.records import format_table, summarize
 
+    try:  # before any work: a model that is not there is the user's to fix, not a crash
+        resolve_model_path(cfg.policy.model)
+    except FileNotFoundError as err:
+        raise ConfigError(f"policy.model: {str(err).removeprefix('model: ')}") from None
     out = Path(cfg.out)
     write_config(yaml_text, out)
     results = run_rollout(cfg)
@@ -221,9 +233,15 @@ def _diagnose(cfg, yaml_text: str) -> None:
 
 
 def _view(cfg, yaml_text: str) -> None:
-    from .viewer import write_tree_html
+    from .viewer import load_entries, write_tree_html
 
-    path = write_tree_html(list(cfg.trees), cfg.out, title=cfg.title)
+    try:
+        entries = load_entries(list(cfg.trees))
+    except (ValueError, FileNotFoundError) as err:  # load_entries' own messages name the file and line
+        raise ConfigError(f"trees: {err}") from None
+    if not entries:
+        raise ConfigError(f"trees: {', '.join(cfg.trees)} hold no trees (written by simulate, rollout, train or sft)")
+    path = write_tree_html(entries, cfg.out, title=cfg.title)
     print(f"wrote {path} (one self-contained file: open it in a browser)")
 
 
@@ -285,13 +303,17 @@ def _serve_retriever(cfg, yaml_text: str) -> None:
     import socket
     import time
 
-    from .envs.retrieval import BM25Retriever, DenseRetriever, load_corpus, serve
+    from .envs.retrieval import BM25Retriever, DenseRetriever, load_corpus
+    from .envs.retrieval_server import serve
 
-    try:
-        passages = load_corpus(cfg.corpus)
-    except (ValueError, TypeError, AttributeError, KeyError) as err:
-        raise ConfigError(f"corpus: {cfg.corpus} is not a passage corpus ({err})") from None
-    retriever = DenseRetriever(passages, cfg.encoder) if cfg.dense else BM25Retriever(passages)
+    passages = load_corpus(cfg.corpus)  # a corpus it cannot read is a ConfigError naming `corpus`
+    if cfg.dense:
+        try:
+            retriever = DenseRetriever(passages, cfg.encoder)
+        except OSError as err:  # transformers: no such directory, no config.json, or not on the hub (offline)
+            raise ConfigError(f"encoder: cannot load {cfg.encoder!r} ({str(err).strip().splitlines()[0]})") from None
+    else:
+        retriever = BM25Retriever(passages)
     try:
         server = serve(retriever, cfg.host, cfg.port, allow_remote=cfg.allow_remote)
     except socket.gaierror:
@@ -422,8 +444,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg, yaml_text = load_config(cls, rest)
         _check_out(cfg)
         run(cfg, yaml_text)
-    except (ConfigError, ValueError, FileNotFoundError, ImportError) as err:
-        print(f"trace-rl {command}: error: {err}", file=sys.stderr)
+    except UserError as err:  # anything else is a bug in trace-rl: it keeps its traceback (exit code 1)
+        print(f"trace-rl {command}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        if not err.name or err.name.split(".")[0] == "trace_rl":
+            raise
+        print(f"trace-rl {command}: error: needs the package {err.name!r}, which is not installed", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         said = "stopped" if command == "serve-retriever" else "interrupted; what was written so far is kept"
