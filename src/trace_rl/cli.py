@@ -83,6 +83,9 @@ class EvalConfig:
         if not self.k or min(self.k) < 1:
             raise ValueError(f"k must be one or more integers >= 1, got {self.k}")
         check_device(self.device)
+        from .backends.base import SamplingParams
+
+        SamplingParams(self.temperature, self.top_p, self.max_new_tokens or 1)  # its checks name the key
 
 
 @dataclass
@@ -276,7 +279,10 @@ def _eval(cfg, yaml_text: str) -> None:
         (out / "samples.jsonl").write_text("")
     for bench in benches:
         tasks = spec.benchmarks[bench](cfg.limit or None)
-        check_context(backend, spec.make, tasks, params, bench)
+        try:  # the model against the tasks, before any generation
+            check_context(backend, spec.make, tasks, params, bench)
+        except ValueError as err:
+            raise ConfigError(f"model: {err}") from None
         results: list = []
         res = evaluate(
             backend,

@@ -17,3 +17,7 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A bad setting (a ValueError too, for callers that validate a config and catch ValueError)."""
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """A file or folder the user named, or must provide, is not there."""
