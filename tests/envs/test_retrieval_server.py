@@ -235,6 +235,40 @@ def test_a_search_that_holds_the_lock_costs_others_a_503_after_max_request_s_not
         srv.shutdown()
 
 
+def test_the_search_lock_goes_to_whoever_waited_not_back_to_the_batch_that_released_it():
+    from trace_rl.envs.retrieval_server import _FifoLock
+
+    lock, order = _FifoLock(), []
+    assert lock.acquire(timeout=1)  # a large batch between two of its chunks
+
+    def other():
+        if lock.acquire(timeout=5):
+            order.append("other client")
+            lock.release()
+
+    waiter = threading.Thread(target=other)
+    waiter.start()
+    for _ in range(500):  # until the other request is in line (bounded: 5 s)
+        if lock._queue:
+            break
+        time.sleep(0.01)
+    lock.release()
+    assert lock.acquire(timeout=5)  # the batch's next chunk: queued behind the other client
+    order.append("next chunk")
+    lock.release()
+    waiter.join(5)
+    assert order == ["other client", "next chunk"]
+    assert lock.acquire(timeout=1) and not _acquired_in_thread(lock)  # a held lock times out for others
+
+
+def _acquired_in_thread(lock) -> bool:
+    got = []
+    t = threading.Thread(target=lambda: got.append(lock.acquire(timeout=0.1)))
+    t.start()
+    t.join(5)
+    return got == [True]
+
+
 def connect(srv, source: str) -> socket.socket:
     return socket.create_connection(srv.server_address, timeout=5, source_address=(source, 0))
 
@@ -278,8 +312,7 @@ def test_one_address_with_busy_connections_gets_429_and_others_are_still_served(
         for sock in busy:  # a request head and no body yet: a request in progress, not idle
             sock.sendall(REQUEST + b'{"queries"')
         time.sleep(0.3)  # let the server read the heads (a wait, not a measurement)
-        with connect(srv, "127.0.0.2") as extra:
-            extra.sendall(REQUEST + b'{"queries": ["jaws"]}')
+        with connect(srv, "127.0.0.2") as extra:  # refused as it connects: nothing sent that the close would reset
             reply = get_reply(extra)
         assert reply.startswith(b"HTTP/1.1 429") and b"holds 3 connections" in reply
         with connect(srv, "127.0.0.1") as other:

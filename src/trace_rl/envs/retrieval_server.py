@@ -12,9 +12,9 @@ or lock other clients out:
   are capped, and a reply over max_reply_bytes is refused rather than sent; every malformed or over-limit
   request gets a 4xx with {"error": "..."} naming the field.
 - time: searches run in a worker thread under one lock (the retrievers are not known to be thread-safe), a few
-  queries per hold of the lock, so a large batch interleaves with other clients' requests instead of holding
-  the search for its whole length; a request not answered within max_request_s (waiting included) gets 503,
-  which clients retry. Send many queries in one request rather than many requests.
+  queries per hold of the lock, granted in arrival order, so a large batch interleaves with other clients'
+  requests instead of holding the search for its whole length; a request not answered within max_request_s
+  (waiting included) gets 503, which clients retry. Send many queries in one request rather than many requests.
 - connections: a connection that sends no request head within idle_timeout_s is closed (uvicorn itself only
   times out connections idle after a response), a body that does not arrive within body_timeout_s gets 408.
   At max_connections a new connection closes the oldest idle one instead of being refused, so idle sockets
@@ -32,6 +32,7 @@ raises one RetrieverError; any other 4xx raises RetrieverError at once, with the
 # No `from __future__ import annotations`: FastAPI reads the endpoint's annotations at runtime, and `Request`
 # is imported inside _app so that the client needs no FastAPI.
 import asyncio
+import collections
 import http.client
 import ipaddress
 import json
@@ -137,6 +138,31 @@ def _doc(p: Passage) -> dict:
     return {"id": p.id, "title": p.title, "text": p.text, "contents": p.contents}
 
 
+class _FifoLock:
+    """A lock granted in arrival order. threading.Lock is not: the thread that releases it takes it straight back,
+    so a many-chunk request would keep the search to itself; here it queues behind whoever waited meanwhile."""
+
+    def __init__(self) -> None:
+        self._cond, self._queue, self._held = threading.Condition(), collections.deque(), False
+
+    def acquire(self, timeout: float) -> bool:
+        me = object()
+        with self._cond:
+            self._queue.append(me)
+            if self._cond.wait_for(lambda: not self._held and self._queue[0] is me, timeout):
+                self._queue.popleft()
+                self._held = True
+                return True
+            self._queue.remove(me)
+            self._cond.notify_all()  # the next in line may be free to go now
+            return False
+
+    def release(self) -> None:
+        with self._cond:
+            self._held = False
+            self._cond.notify_all()
+
+
 def _app(retriever: Retriever, limits: ServerLimits):
     from fastapi import FastAPI, Request
     from fastapi.concurrency import run_in_threadpool
@@ -144,7 +170,7 @@ def _app(retriever: Retriever, limits: ServerLimits):
     from starlette.exceptions import HTTPException
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    lock = threading.Lock()
+    lock = _FifoLock()
 
     def search(queries: list[str], k: int, deadline: float) -> list:
         hits: list = []
