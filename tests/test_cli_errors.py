@@ -1,10 +1,16 @@
-"""Every user error of every command: one line naming the setting, exit code 2, no traceback, before work."""
+"""What the command line promises: every user error of every command is one line naming the setting, exit code
+2, no traceback, before work; an internal error (a bug) keeps its traceback and exits 1."""
 
 import json
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from trace_rl import cli
 from trace_rl.cli import main
 
 
@@ -17,7 +23,28 @@ def files(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "predictions.jsonl").write_text("{not json\n")
-    return {"corpus": corpus, "bad_corpus": bad_corpus, "run": run, "tmp": tmp_path}
+    yamls = {
+        "bad_yaml": "steps: [1\nx: :\n",  # a syntax error
+        "alias_yaml": "a: &a [*a]\n",  # a recursive alias
+        "list_yaml": "- 1\n- 2\n",  # not a mapping
+        "binary_yaml": b"\xff\xfe",
+    }
+    paths = {}
+    for name, text in yamls.items():
+        paths[name] = tmp_path / f"{name}.yaml"
+        (paths[name].write_bytes if isinstance(text, bytes) else paths[name].write_text)(text)
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "text.jsonl").write_text("hello\n")
+    dict_corpus = tmp_path / "dict_corpus.json"
+    dict_corpus.write_text(json.dumps([{"contents": 3}]))
+    return {
+        "corpus": corpus,
+        "bad_corpus": bad_corpus,
+        "dict_corpus": dict_corpus,
+        "run": run,
+        "tmp": tmp_path,
+        **paths,
+    }
 
 
 CASES = [
@@ -42,6 +69,20 @@ CASES = [
     (["serve-retriever", "corpus={corpus}", "port=70000"], "port"),
     (["serve-retriever", "corpus={corpus}", "host=no-such-host.invalid", "allow_remote=true", "port=0"], "host"),
     (["serve-retriever", "corpus={corpus}", "port=busy"], "port"),
+    (["serve-retriever", "corpus={dict_corpus}", "port=0"], "corpus"),
+    (["serve-retriever", "corpus={tmp}/none.json", "port=0"], "corpus"),
+    (["serve-retriever", "corpus={corpus}", "dense=true", "encoder=/nonexistent", "port=0"], "encoder"),
+    (["eval", "env=qa", "corpus={bad_corpus}"], "corpus"),
+    (["train", "--config", "{bad_yaml}"], "--config"),
+    (["compare", "--config", "{bad_yaml}"], "--config"),
+    (["train", "--config", "{alias_yaml}"], "--config"),
+    (["simulate", "--config", "{list_yaml}"], "--config"),
+    (["simulate", "--config", "{binary_yaml}"], "--config"),
+    (["simulate", "--config", "{tmp}/none.yaml"], "--config"),
+    (["simulate", "methods=grpo,grpo", "out={tmp}/sim"], "methods"),
+    (["view", "{tmp}/empty.jsonl"], "trees"),
+    (["view", "{tmp}/text.jsonl"], "trees"),
+    (["rollout", "policy.model=./no/such/model", "out={tmp}/r"], "policy.model"),
     (["propositions", "tasks=0"], "tasks"),
     (["sft", "steps=0"], "steps"),
     (["nonsense"], "nonsense"),
@@ -62,3 +103,43 @@ def test_bad_input_is_one_line_naming_the_setting(files, capsys, argv, key):
         busy.close()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and key in err and "Traceback" not in err, err
+
+
+def boom(exc: BaseException):
+    def run(cfg, yaml_text):
+        raise exc
+
+    return run
+
+
+def test_an_internal_error_keeps_its_traceback(files, monkeypatch):
+    # a ValueError or FileNotFoundError from inside a command is a bug, not a bad setting: it is not hidden
+    for exc in (ValueError("a bug"), FileNotFoundError("a bug"), KeyError("a bug")):
+        monkeypatch.setattr(cli, "_propositions", boom(exc))
+        with pytest.raises(type(exc)):
+            main(["propositions"])
+    script = (
+        "import sys, trace_rl.cli as c\n"
+        "def run(cfg, y): raise ValueError('an internal error')\n"
+        "c._propositions = run\n"
+        "sys.exit(c.main(['propositions']))\n"
+    )
+    src = Path(cli.__file__).parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(src)},
+    )
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "ValueError: an internal error" in proc.stderr
+
+
+def test_a_missing_optional_package_is_one_line_but_a_missing_module_of_trace_rl_is_a_bug(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_propositions", boom(ModuleNotFoundError("No module named 'bm25s'", name="bm25s")))
+    assert main(["propositions"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'bm25s'" in err and "not installed" in err
+    monkeypatch.setattr(cli, "_propositions", boom(ModuleNotFoundError("gone", name="trace_rl.gone")))
+    with pytest.raises(ModuleNotFoundError):
+        main(["propositions"])

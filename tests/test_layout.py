@@ -18,6 +18,7 @@ DESIGN = ROOT / "docs" / "design.md"
 CORE = {"tree", "paths", "allocation", "advantages", "metrics", "methods", "knapsack", "seeding", "stats"}
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
+    "errors": 0,
     "plots": 1,
     "lm": 1,
     "backends": 2,

@@ -1,5 +1,6 @@
 """The `trace-rl` command line: `trace-rl CMD [--config FILE.yaml] [key=value ...]`, one typed config per command
-(`config.py`). Every user error is one line naming the setting, exit code 2, before any work starts."""
+(`config.py`). Every user error (`errors.UserError`) is one line naming the setting, exit code 2, before any work
+starts where it can be known then; any other exception is a bug and keeps its traceback (exit code 1)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, help_text, load_config, write_config
+from .config import help_text, load_config, write_config
+from .errors import ConfigError, UserError
 from .stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, check_seed
 
 
@@ -92,6 +94,8 @@ class ServeRetrieverConfig:
             raise ValueError("corpus: give a passage corpus file")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.dense and self.encoder.startswith((".", "/", "~")) and not Path(self.encoder).expanduser().is_dir():
+            raise ValueError(f"encoder: no directory {self.encoder} (give a local encoder or 'all-minilm-l6-v2')")
 
 
 @dataclass
@@ -114,6 +118,9 @@ def _simulate(cfg, yaml_text: str) -> None:
     from .testbed.report import format_seed_table, plot_accuracy_vs_cost, seed_statistics
     from .testbed.simulate import run_seeds
 
+    twice = sorted({m for m in cfg.methods if cfg.methods.count(m) > 1})
+    if twice:  # one table row and one metrics stream per method: a repeat would overwrite its own results
+        raise ConfigError(f"methods: {', '.join(twice)} listed more than once; list each method once")
     out = Path(cfg.out)
     write_config(yaml_text, out)
     seeds = list(cfg.seeds) or [cfg.seed]
@@ -182,9 +189,9 @@ def _train(cfg, yaml_text: str) -> None:
     from .train.trainer import train
 
     s = train(cfg, yaml_text)
-    before = "-" if s["accuracy_before"] is None else f"{s['accuracy_before']:.3f}"
+    before, after = ("-" if s[k] is None else f"{s[k]:.3f}" for k in ("accuracy_before", "accuracy_after"))
     print(
-        f"held-out accuracy: {before} before, {s['accuracy_after']:.3f} after {s['steps']} steps "
+        f"held-out accuracy: {before} before, {after} after {s['steps']} steps "
         f"({s['rollouts']:,} rollouts); peak resident memory {s['peak_rss_gib']:.2f} GiB"
     )
     records = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines() if line]
@@ -223,9 +230,15 @@ def _diagnose(cfg, yaml_text: str) -> None:
 
 
 def _view(cfg, yaml_text: str) -> None:
-    from .viewer import write_tree_html
+    from .viewer import load_entries, write_tree_html
 
-    path = write_tree_html(list(cfg.trees), cfg.out, title=cfg.title)
+    try:
+        entries = load_entries(list(cfg.trees))
+    except (ValueError, FileNotFoundError) as err:  # load_entries' own messages name the file and line
+        raise ConfigError(f"trees: {err}") from None
+    if not entries:
+        raise ConfigError(f"trees: {', '.join(cfg.trees)} hold no trees (written by simulate, rollout, train or sft)")
+    path = write_tree_html(entries, cfg.out, title=cfg.title)
     print(f"wrote {path} (one self-contained file: open it in a browser)")
 
 
@@ -254,7 +267,10 @@ def _eval(cfg, yaml_text: str) -> None:
     try:
         for bench in benches:
             tasks = spec.benchmarks[bench](cfg.limit or None)
-            check_context(actor, tasks, bench)
+            try:  # the model against the tasks, before any generation
+                check_context(actor, tasks, bench)
+            except ValueError as err:
+                raise ConfigError(f"policy.model: {err}") from None
             results: list = []
             res = evaluate(actor, tasks, samples=samples, ks=tuple(cfg.k), seed=cfg.seed, label=bench, results=results)
             rows.append({"benchmark": bench, **res})
@@ -273,13 +289,17 @@ def _serve_retriever(cfg, yaml_text: str) -> None:
     import socket
     import time
 
-    from .envs.retrieval import BM25Retriever, DenseRetriever, load_corpus, serve
+    from .envs.retrieval import BM25Retriever, DenseRetriever, load_corpus
+    from .envs.retrieval_server import serve
 
-    try:
-        passages = load_corpus(cfg.corpus)
-    except (ValueError, TypeError, AttributeError, KeyError) as err:
-        raise ConfigError(f"corpus: {cfg.corpus} is not a passage corpus ({err})") from None
-    retriever = DenseRetriever(passages, cfg.encoder) if cfg.dense else BM25Retriever(passages)
+    passages = load_corpus(cfg.corpus)  # a corpus it cannot read is a ConfigError naming `corpus`
+    if cfg.dense:
+        try:
+            retriever = DenseRetriever(passages, cfg.encoder)
+        except OSError as err:  # transformers: no such directory, no config.json, or not on the hub (offline)
+            raise ConfigError(f"encoder: cannot load {cfg.encoder!r} ({str(err).strip().splitlines()[0]})") from None
+    else:
+        retriever = BM25Retriever(passages)
     try:
         server = serve(retriever, cfg.host, cfg.port, allow_remote=cfg.allow_remote)
     except socket.gaierror:
@@ -412,8 +432,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg, yaml_text = load_config(cls, rest)
         _check_out(cfg)
         run(cfg, yaml_text)
-    except (ConfigError, ValueError, FileNotFoundError, ImportError) as err:
-        print(f"trace-rl {command}: error: {err}", file=sys.stderr)
+    except UserError as err:  # anything else is a bug in trace-rl: it keeps its traceback (exit code 1)
+        print(f"trace-rl {command}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        if not err.name or err.name.split(".")[0] == "trace_rl":
+            raise
+        print(f"trace-rl {command}: error: needs the package {err.name!r}, which is not installed", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         said = "stopped" if command == "serve-retriever" else "interrupted; what was written so far is kept"

@@ -19,6 +19,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
+
 # old flag spellings whose last name is not the new key's
 FLAG_ALIASES = {
     "mix": "env.difficulty_mix",
@@ -27,10 +29,6 @@ FLAG_ALIASES = {
     "minutes": "sft.max_minutes",
     "max_steps": "steps",
 }
-
-
-class ConfigError(ValueError):
-    """A bad setting: the message is one line that names it and what is allowed."""
 
 
 def _fields(cls) -> list[dataclasses.Field]:
@@ -154,6 +152,28 @@ def _qualify(message: str, cls) -> str:
     return f"{hits[0]}: {message}"
 
 
+def _read_yaml(config_file: str):
+    """The settings of a --config file, or one ConfigError naming the file, the line and what is wrong."""
+    import yaml
+    from omegaconf import DictConfig, OmegaConf
+
+    path = Path(config_file)
+    if not path.is_file():
+        raise ConfigError(f"--config: no file {config_file}")
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as err:  # a syntax error, a recursive alias, a tag it cannot build
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
+        raise ConfigError(f"--config: {config_file} is not valid YAML{where}: {what}") from None
+    except (OSError, UnicodeDecodeError, RecursionError) as err:
+        raise ConfigError(f"--config: cannot read {config_file} ({type(err).__name__}: {err})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"--config: {config_file} must hold `key: value` settings, not a list")
+    return loaded
+
+
 def load_config(cls, argv: list[str]):
     """(the config object, its resolved YAML) from defaults, an optional file and overrides."""
     from omegaconf import OmegaConf
@@ -163,10 +183,7 @@ def load_config(cls, argv: list[str]):
     try:
         cfg = OmegaConf.structured(cls)
         if config_file:
-            path = Path(config_file)
-            if not path.is_file():
-                raise ConfigError(f"--config: no file {config_file}")
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+            cfg = OmegaConf.merge(cfg, _read_yaml(config_file))
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:

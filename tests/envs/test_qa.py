@@ -7,7 +7,8 @@ import pytest
 pytest.importorskip("bm25s")
 
 from trace_rl.envs.qa_env import QAEnv, exact_match, f1_score, normalize_answer  # noqa: E402
-from trace_rl.envs.retrieval import BM25Retriever, RemoteRetriever, load_corpus, recall_at_k, serve  # noqa: E402
+from trace_rl.envs.retrieval import BM25Retriever, load_corpus, recall_at_k  # noqa: E402
+from trace_rl.envs.retrieval_server import RemoteRetriever, serve  # noqa: E402
 
 CORPUS = {
     "Jaws (film)": ["Jaws is a 1975 thriller film directed by Steven Spielberg."],

@@ -1,10 +1,14 @@
-"""The /retrieve server as Search-R1's, verl's and SkyRL's clients call it, its answers to malformed requests, and
-the client's URL handling, retries and errors. Servers run on 127.0.0.1 with port 0."""
+"""The /retrieve server as Search-R1's, verl's and SkyRL's clients call it; what it promises against any client
+(replies, queries and request time bounded, every malformed or over-limit request a 4xx naming the field, idle
+or greedy connections unable to lock others out); the client's URL handling, redirects, retries and errors.
+Servers run on 127.0.0.1 (a second client address is 127.0.0.2, also loopback) with port 0; every loop is
+bounded."""
 
 import http.client
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -26,7 +30,16 @@ PASSAGES = [Passage(str(i), f"River {i}", f"River {i} flows through town {i}.") 
     Passage("8", "Jaws (film)", "Jaws is a 1975 thriller film directed by Steven Spielberg."),
     Passage("9", "Steven Spielberg", "Steven Spielberg was born in Cincinnati, Ohio."),
 ]
-LIMITS = ServerLimits(max_topk=6, max_queries=4, max_body_bytes=2000, idle_timeout_s=0.3, body_timeout_s=1.0)
+LIMITS = ServerLimits(
+    max_topk=6,
+    max_queries=4,
+    max_query_chars=200,
+    max_hits=12,
+    max_body_bytes=2000,
+    max_reply_bytes=1500,
+    idle_timeout_s=0.3,
+    body_timeout_s=1.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +64,9 @@ def post_json(server, payload) -> dict:
     status, data = post(server, json.dumps(payload).encode())
     assert status == 200, data
     return data
+
+
+# -- what any client gets: Search-R1, verl and SkyRL requests --------------------------------------------------
 
 
 def test_search_r1_training_loop_requests(server):
@@ -92,6 +108,8 @@ def test_topk_defaults_scores_and_queries_without_matching_words(server):
     assert post_json(server, {"queries": ["zebra quantum", "the of and", ""], "topk": 3})["result"] == [[], [], []]
 
 
+# -- bounded replies and queries: every malformed or over-limit request is a 4xx naming the field ---------------
+
 MALFORMED = [
     (b"{", 400, "not valid JSON"),
     (b"\xff\xfe", 400, "not valid JSON"),
@@ -110,6 +128,8 @@ MALFORMED = [
     (b'{"queries": ["a"], "topk": 1000000000000}', 400, "at most 6"),
     (b'{"queries": ["a"], "return_scores": "yes"}', 400, "'return_scores'"),
     (json.dumps({"queries": ["a"] * 5}).encode(), 400, "takes 4"),
+    (json.dumps({"queries": ["a" * 201]}).encode(), 400, "holds 201 characters; this server takes 200"),
+    (json.dumps({"queries": ["a"] * 3, "topk": 5}).encode(), 400, "3 x 5; this server returns at most 12 hits"),
     (json.dumps({"queries": ["a" * 3000]}).encode(), 413, "at most 2000 bytes"),
     (b"[" * 1000 + b"]" * 1000, 400, "not valid JSON"),
 ]
@@ -119,6 +139,13 @@ MALFORMED = [
 def test_every_malformed_request_gets_a_4xx_with_a_json_error(server, body, status, message):
     got, data = post(server, body)
     assert (got, set(data)) == (status, {"error"}) and message in data["error"]
+
+
+def test_a_reply_over_max_reply_bytes_is_refused_not_sent(server):
+    # 4 queries x topk 3 is within max_hits, but 12 passages (with contents) exceed 1500 bytes
+    status, data = post(server, json.dumps({"queries": ["river town"] * 4, "topk": 3}).encode())
+    assert status == 400 and "this server sends at most 1500" in data["error"]
+    assert len(post_json(server, {"queries": ["river town"], "topk": 2})["result"][0]) == 2
 
 
 def test_wrong_path_and_method_and_chunked_oversize_body_get_json_errors(server):
@@ -134,6 +161,9 @@ def test_wrong_path_and_method_and_chunked_oversize_body_get_json_errors(server)
     finally:
         conn.close()
     assert post_json(server, {"queries": ["river"], "topk": 1})["result"][0]  # and it still serves
+
+
+# -- connections and time: no client can hold the search or lock others out ----------------------------------
 
 
 def test_idle_and_stalled_connections_are_closed(server):
@@ -169,6 +199,131 @@ def test_parse_request_names_the_field():
         parse_request(b'{"queries": [], "return_scores": 1}', LIMITS)
 
 
+class Gate:
+    """A retriever that blocks on the query "hold" until released (up to 5 s), and logs the queries it searched."""
+
+    def __init__(self):
+        self.inner, self.release, self.searched = BM25Retriever(PASSAGES), threading.Event(), []
+        self.passages = self.inner.passages
+
+    def search(self, queries, k=3):
+        self.searched += list(queries)
+        if "hold" in queries:
+            self.release.wait(5)
+        return self.inner.search(queries, k)
+
+
+def test_a_search_that_holds_the_lock_costs_others_a_503_after_max_request_s_not_a_hang():
+    gate = Gate()
+    srv = serve(gate, "127.0.0.1", 0, limits=ServerLimits(max_request_s=0.5, search_chunk=1))
+    try:
+        held = threading.Thread(target=post, args=(srv, json.dumps({"queries": ["hold", "river"]}).encode()))
+        held.start()
+        for _ in range(500):  # until the held search has begun (bounded: 5 s)
+            if gate.searched:
+                break
+            time.sleep(0.01)
+        status, data = post(srv, json.dumps({"queries": ["Spielberg"]}).encode())
+        assert status == 503 and "did not finish within 0.5 s" in data["error"]
+        gate.release.set()
+        held.join(10)
+        # the waiting request never ran its search; the held one did not finish its second chunk in time either
+        assert gate.searched == ["hold"]
+        assert post_json(srv, {"queries": ["Spielberg"], "topk": 1})["result"][0]  # and the server still serves
+    finally:
+        gate.release.set()
+        srv.shutdown()
+
+
+def test_the_search_lock_goes_to_whoever_waited_not_back_to_the_batch_that_released_it():
+    from trace_rl.envs.retrieval_server import _FifoLock
+
+    lock, order = _FifoLock(), []
+    assert lock.acquire(timeout=1)  # a large batch between two of its chunks
+
+    def other():
+        if lock.acquire(timeout=5):
+            order.append("other client")
+            lock.release()
+
+    waiter = threading.Thread(target=other)
+    waiter.start()
+    for _ in range(500):  # until the other request is in line (bounded: 5 s)
+        if lock._queue:
+            break
+        time.sleep(0.01)
+    lock.release()
+    assert lock.acquire(timeout=5)  # the batch's next chunk: queued behind the other client
+    order.append("next chunk")
+    lock.release()
+    waiter.join(5)
+    assert order == ["other client", "next chunk"]
+    assert lock.acquire(timeout=1) and not _acquired_in_thread(lock)  # a held lock times out for others
+
+
+def _acquired_in_thread(lock) -> bool:
+    got = []
+    t = threading.Thread(target=lambda: got.append(lock.acquire(timeout=0.1)))
+    t.start()
+    t.join(5)
+    return got == [True]
+
+
+def connect(srv, source: str) -> socket.socket:
+    return socket.create_connection(srv.server_address, timeout=5, source_address=(source, 0))
+
+
+def get_reply(sock: socket.socket) -> bytes:
+    reply = b""
+    for _ in range(20):  # bounded: the server closes after its reply
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        reply += chunk
+    return reply
+
+
+REQUEST = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 21\r\n\r\n"
+
+
+def test_idle_sockets_make_room_for_new_clients_instead_of_locking_them_out():
+    limits = ServerLimits(max_connections=8, max_connections_per_client=8, idle_timeout_s=30.0)
+    srv = serve(BM25Retriever(PASSAGES), "127.0.0.1", 0, limits=limits)
+    idle = [connect(srv, "127.0.0.2") for _ in range(12)]  # more idle sockets than the server takes
+    try:
+        for _ in range(3):  # every new client is served, each time at the cost of the oldest idle socket
+            host, port = srv.server_address
+            conn = http.client.HTTPConnection(host, port, timeout=5, source_address=("127.0.0.1", 0))
+            conn.request("POST", "/retrieve", json.dumps({"queries": ["Spielberg"]}), {"Content-Type": "a/json"})
+            assert conn.getresponse().status == 200
+            conn.close()
+        assert idle[0].recv(1) == b""  # the oldest idle socket was closed
+    finally:
+        for sock in idle:
+            sock.close()
+        srv.shutdown()
+
+
+def test_one_address_with_busy_connections_gets_429_and_others_are_still_served():
+    limits = ServerLimits(max_connections=8, max_connections_per_client=3, body_timeout_s=5.0)
+    srv = serve(BM25Retriever(PASSAGES), "127.0.0.1", 0, limits=limits)
+    busy = [connect(srv, "127.0.0.2") for _ in range(3)]
+    try:
+        for sock in busy:  # a request head and no body yet: a request in progress, not idle
+            sock.sendall(REQUEST + b'{"queries"')
+        time.sleep(0.3)  # let the server read the heads (a wait, not a measurement)
+        with connect(srv, "127.0.0.2") as extra:  # refused as it connects: nothing sent that the close would reset
+            reply = get_reply(extra)
+        assert reply.startswith(b"HTTP/1.1 429") and b"holds 3 connections" in reply
+        with connect(srv, "127.0.0.1") as other:
+            other.sendall(REQUEST + b'{"queries": ["jaws"]}')
+            assert get_reply(other).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in busy:
+            sock.close()
+        srv.shutdown()
+
+
 # -- the client -------------------------------------------------------------------------------------------------
 
 
@@ -184,18 +339,32 @@ def test_client_accepts_the_urls_peers_configure(server):
         RemoteRetriever("localhost:8000")
 
 
+def test_client_follows_the_servers_redirect(server):
+    # FastAPI answers POST /retrieve/ with 307 to /retrieve; Search-R1's, verl's and SkyRL's clients follow it
+    host, port = server.server_address
+    (hits,) = RemoteRetriever(f"http://{host}:{port}/retrieve/").search(["Spielberg birthplace"], 1)
+    assert hits[0][0].title == "Steven Spielberg"
+
+
 class Flaky(BaseHTTPRequestHandler):
-    """Answers 503 to the first `failures` requests, then one hit; 400 when the path is /bad."""
+    """Answers 503 (429 on /busy) to the first `failures` requests, then one hit; 400 on /bad; /loop redirects to
+    itself."""
 
     failures, seen = 0, []
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         Flaky.seen.append(self.path)
+        if self.path == "/loop":
+            self.send_response(307)
+            self.send_header("Location", "/loop")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path == "/bad":
             code, body = 400, {"error": "'topk' is bad"}
         elif len(Flaky.seen) <= Flaky.failures:
-            code, body = 503, {"error": "busy"}
+            code, body = 429 if self.path == "/busy" else 503, {"error": "busy"}
         else:
             code, body = 200, {"result": [[{"document": {"id": "1", "contents": '"T"\nx'}, "score": 1.5}]]}
         data = json.dumps(body).encode()
@@ -230,6 +399,12 @@ def test_client_retries_5xx_then_succeeds_and_stops_at_4xx(flaky):
     with pytest.raises(RetrieverError, match="refused the request \\(400\\).*'topk' is bad"):
         RemoteRetriever(url + "/bad", retries=2, backoff_s=0).search(["q"], 1)
     assert len(Flaky.seen) == 1  # a 4xx is not retried
+    Flaky.seen, Flaky.failures = [], 1
+    assert RemoteRetriever(url + "/busy", retries=1, backoff_s=0).search(["q"], 1) == [hits]  # 429 is retried
+    Flaky.seen = []
+    with pytest.raises(RetrieverError, match="redirected more than 5 times"):
+        RemoteRetriever(url + "/loop", retries=0).search(["q"], 1)
+    assert len(Flaky.seen) == 5
 
 
 def test_client_raises_one_clear_error_when_nothing_listens():

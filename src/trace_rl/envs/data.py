@@ -27,6 +27,8 @@ import re
 import sys
 from pathlib import Path
 
+from ..errors import ConfigError, MissingFileError
+
 MATH_FILES = {
     "aime24": "math/eval/aime.json",
     "amc23": "math/eval/amc23.jsonl",
@@ -72,7 +74,7 @@ def data_root() -> Path:
         for cand in (parent / "shared" / "data", parent.parent / "shared" / "data"):
             if cand.is_dir():
                 return cand
-    raise FileNotFoundError("no shared/data found; set TRACE_RL_DATA to the folder that holds math/ and qa/")
+    raise MissingFileError("no shared/data found; set TRACE_RL_DATA to the folder that holds math/ and qa/")
 
 
 def _json_lines(path: Path, text: str) -> list:
@@ -82,7 +84,7 @@ def _json_lines(path: Path, text: str) -> list:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+                raise ConfigError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
     return rows
 
 
@@ -94,7 +96,7 @@ def read_rows(path: str | Path) -> list[dict]:
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no such data file: {path}")
+        raise MissingFileError(f"no such data file: {path}")
     if path.suffix == ".parquet":
         return _read_parquet(path)
     text = path.read_text(encoding="utf-8")
@@ -104,7 +106,7 @@ def read_rows(path: str | Path) -> list[dict]:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         if err.msg != "Extra data":  # a broken document, not several documents
-            raise ValueError(f"{path}: not valid JSON ({err})") from None
+            raise ConfigError(f"{path}: not valid JSON ({err})") from None
         return _json_lines(path, text)
     if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
         index = list(next(iter(data.values())))
@@ -113,7 +115,7 @@ def read_rows(path: str | Path) -> list[dict]:
         return [data]
     if not isinstance(data, list):
         # a bad file, not a bad call: ValueError like every other unreadable file
-        raise ValueError(f"{path}: expected a list of rows, JSON lines, or {{column: {{row: value}}}}")  # noqa: TRY004
+        raise ConfigError(f"{path}: expected a list of rows, JSON lines, or {{column: {{row: value}}}}")  # noqa: TRY004
     return data
 
 
@@ -127,7 +129,7 @@ def _read_parquet(path: Path) -> list[dict]:
     try:
         import pandas as pd
     except ImportError:
-        raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+        raise ConfigError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
     return [_plain(r) for r in pd.read_parquet(path).to_dict("records")]
 
 
@@ -242,7 +244,7 @@ def load_tasks(path_or_name: str, limit: int | None = None) -> list[dict]:
     else:
         path, source = Path(path_or_name), Path(path_or_name).stem
         if not path.exists():
-            raise FileNotFoundError(f"{path_or_name!r} is neither a known benchmark ({', '.join(table)}) nor a file")
+            raise MissingFileError(f"{path_or_name!r} is neither a known benchmark ({', '.join(table)}) nor a file")
     tasks, bad = [], []
     for i, row in enumerate(read_rows(path)):
         try:
@@ -254,5 +256,5 @@ def load_tasks(path_or_name: str, limit: int | None = None) -> list[dict]:
     if bad:
         print(f"trace-rl: skipped {len(bad)} unusable rows in {path} (first: {bad[0]})", file=sys.stderr)
     if not tasks:
-        raise ValueError(f"{path}: no usable rows")
+        raise ConfigError(f"{path}: no usable rows")
     return tasks

@@ -101,7 +101,8 @@ def get_env(
         )
     if name == "qa":
         from .qa_env import QAEnv
-        from .retrieval import BM25Retriever, RemoteRetriever, load_corpus
+        from .retrieval import BM25Retriever, load_corpus
+        from .retrieval_server import RemoteRetriever
 
         if retriever_url:
             retriever = RemoteRetriever(retriever_url)

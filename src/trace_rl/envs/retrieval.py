@@ -5,7 +5,8 @@ Passages are {"id", "title", "text"}; a hit renders as Search-R1's `contents`: '
 passages that share a word with the query (as Search-R1's Lucene BM25 does), so a query of unknown or stop words
 gets no passages; dense search always returns k.
 
-The server and the client live in retrieval_server.py; `serve` and `RemoteRetriever` can be imported from here.
+The server and the client live in retrieval_server.py, which imports this module (never the other way round):
+import `serve` and `RemoteRetriever` from there.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -36,30 +39,45 @@ class Retriever(Protocol):
     def search(self, queries: Sequence[str], k: int = 3) -> list[list[tuple[Passage, float]]]: ...
 
 
+_CORPUS_LAYOUT = "a corpus is {title: [sentences]} or a list of {title, text} or {contents} objects"
+
+
 def load_corpus(path: str | Path) -> list[Passage]:
-    """HotpotQA-style {title: [sentences]} or a list of {title, text} (MuSiQue, Search-R1 'contents')."""
+    """HotpotQA-style {title: [sentences]} or a list of {title, text} (MuSiQue, Search-R1 'contents'); `.jsonl`
+    and other suffixes are read as one object per line. A file that is missing, unreadable or in another layout
+    is a ConfigError naming `corpus`, the row and what is allowed."""
     path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"corpus: no file {path}")
     try:
-        data = (
-            json.loads(path.read_text(encoding="utf-8"))
-            if path.suffix == ".json"
-            else [json.loads(l) for l in path.read_text(encoding="utf-8").splitlines() if l.strip()]
-        )
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read corpus {path}: {err}") from None
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else [json.loads(l) for l in text.splitlines() if l.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ConfigError(f"corpus: cannot read {path} ({type(err).__name__}: {err})") from None
     if isinstance(data, dict):
-        return [
-            Passage(str(i), t, "".join(s) if isinstance(s, list) else str(s)) for i, (t, s) in enumerate(data.items())
+        rows = [
+            {"title": str(t), "text": "".join(map(str, s)) if isinstance(s, list) else str(s)} for t, s in data.items()
         ]
+    elif isinstance(data, list):
+        rows = data
+    else:
+        raise ConfigError(f"corpus: {path} holds {json.dumps(data)[:40]}; {_CORPUS_LAYOUT}")
     out = []
-    for i, row in enumerate(data):
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ConfigError(f"corpus: {path} row {i} is {json.dumps(row)[:40]}, not an object; {_CORPUS_LAYOUT}")
         if "contents" in row and "title" not in row:
+            if not isinstance(row["contents"], str):
+                raise ConfigError(f"corpus: {path} row {i}: 'contents' is not a string; {_CORPUS_LAYOUT}")
             title, _, text = row["contents"].partition("\n")
             out.append(Passage(str(row.get("id", i)), title.strip('"'), text))
-        else:
-            out.append(
-                Passage(str(row.get("id", i)), row.get("title", ""), row.get("text") or row.get("paragraph_text", ""))
-            )
+            continue
+        title, text = row.get("title", ""), row.get("text") or row.get("paragraph_text", "")
+        if not isinstance(title, str) or not isinstance(text, str) or not (title or text):
+            raise ConfigError(f"corpus: {path} row {i} has no string 'title' and 'text'; {_CORPUS_LAYOUT}")
+        out.append(Passage(str(row.get("id", i)), title, text))
+    if not out:
+        raise ConfigError(f"corpus: {path} holds no passages")
     return out
 
 
@@ -127,15 +145,3 @@ def recall_at_k(retriever: Retriever, questions: list[str], supporting: list[set
     hits = retriever.search(questions, k)
     per_q = [len({p.title for p, _ in h} & sup) / len(sup) for h, sup in zip(hits, supporting) if sup]
     return float(np.mean(per_q)) if per_q else float("nan")
-
-
-_SERVING = ("RemoteRetriever", "RetrieverError", "ServerLimits", "serve")
-
-
-def __getattr__(name: str):
-    # the server and client are imported on first use: BM25 alone needs neither FastAPI nor uvicorn
-    if name in _SERVING:
-        from . import retrieval_server
-
-        return getattr(retrieval_server, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

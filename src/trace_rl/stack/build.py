@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from ..backends.base import PolicyBackend, SamplingParams
 from ..envs.registry import EnvSpec, get_env
+from ..errors import ConfigError
 from ..methods import BudgetPlan, Method
 from ..predictors import training_examples
 from ..rollout.engine import TreeRolloutEngine
@@ -42,7 +43,7 @@ def build_env(cfg: LMEnvConfig) -> EnvSpec:
         )
     except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:
         if cfg.name == "qa" and cfg.corpus:
-            raise ValueError(
+            raise ConfigError(
                 f"env.corpus: {cfg.corpus} is not a passage corpus ({type(err).__name__}: {err})"
             ) from None
         raise
@@ -52,7 +53,7 @@ def build_env(cfg: LMEnvConfig) -> EnvSpec:
         try:
             require(cfg.sandbox)
         except SandboxUnavailable as err:
-            raise ValueError(f"env.sandbox: {err} (env.sandbox=weak opts in)") from None
+            raise ConfigError(f"env.sandbox: {err} (env.sandbox=weak opts in)") from None
     return spec
 
 
@@ -92,7 +93,7 @@ def build_policy(cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, 
         from ..backends.vllm import VLLMBackend
 
         if cfg.model == RANDOM_TINY:
-            raise ValueError("model: random-tiny has no files for vLLM to load; use backend=hf or a model path")
+            raise ConfigError("model: random-tiny has no files for vLLM to load; use backend=hf or a model path")
         path = resolve_model_path(cfg.model)
         backend = VLLMBackend.launch(path, tokenizer=tokenizer, seed=seed)
         stack = PolicyStack(backend, backend.tokenizer, model, shares_model=False)
@@ -104,10 +105,10 @@ def build_policy(cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, 
         from ..lm.models import load_tokenizer
 
         if model is not None:
-            raise ValueError("backend: a server's weights cannot be updated from here; train with hf or vllm")
+            raise ConfigError("backend: a server's weights cannot be updated from here; train with hf or vllm")
         tok = tokenizer or load_tokenizer(cfg.model)
         return PolicyStack(OpenAIServerBackend(cfg.server_url, cfg.model, tok), tok, None, shares_model=False)
-    raise ValueError(f"backend: unknown {cfg.backend!r}")
+    raise ConfigError(f"backend: unknown {cfg.backend!r}")
 
 
 def build_predictor(cfg: LMPredictorConfig, method: Method, seed: int, warmup: Sequence = ()):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..backends.base import SamplingParams
 from ..envs.registry import CALCULATOR_MIX, ENVS
+from ..errors import ConfigError
 from ..rollout.lm_actor import BATCHING
 
 BACKENDS = ("hf", "vllm", "server")
@@ -125,16 +126,16 @@ class LMPredictorConfig:
         from ..tree import load_trees
 
         if not Path(self.warmup).is_file():
-            raise ValueError(
+            raise ConfigError(
                 f"warmup: no file {self.warmup} (trace-rl sft writes sft_eval_trees.jsonl beside the "
                 "model; save_trees=true writes trees_<method>.jsonl)"
             )
         try:
             trees = load_trees(self.warmup)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as err:
-            raise ValueError(f"warmup: {self.warmup} is not a trees file ({type(err).__name__}: {err})") from None
+            raise ConfigError(f"warmup: {self.warmup} is not a trees file ({type(err).__name__}: {err})") from None
         if not trees:
-            raise ValueError(f"warmup: {self.warmup} holds no trees")
+            raise ConfigError(f"warmup: {self.warmup} holds no trees")
         return trees
 
 

@@ -5,10 +5,11 @@ allocation, tree rollouts, targets, predictor update) -> tree advantages -> poli
 (`train.update`, tree-packed) -> weight sync to the backend (its KV caches are dropped) -> metrics; held-out
 evaluation every `eval_every` steps and at the end; a checkpoint every `save_every` steps and at the end.
 
-Resuming (`resume=true`) loads the newest complete checkpoint and continues with the same pools and the same
-random streams: every random draw of a step comes from the run's seed and the step (`seeding`), and the
-backend's caches are emptied at the start of each step, so the steps after a resume produce the metrics of an
-uninterrupted run (all but timing).
+Resuming (`resume=true`) loads the newest intact checkpoint (a damaged one is skipped with one line, see
+`checkpoint`; a run that already reached `steps` says so and returns its summary) and continues with the same
+pools and the same random streams: every random draw of a step comes from the run's seed and the step
+(`seeding`), and the backend's caches are emptied at the start of each step, so the steps after a resume produce
+the metrics of an uninterrupted run (all but timing).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..advantages import ADVANTAGES, batch_advantages
+from ..errors import UserError
 from ..methods import METHODS, BudgetPlan, get_method
 from ..rollout.engine import EXECUTORS, make_executor
 from ..rollout.ray_executor import RayConfig
@@ -28,7 +30,7 @@ from ..rollout.records import step_record
 from ..seeding import derive_seed
 from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
 from ..stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig, check_seed
-from .checkpoint import checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoints, restore, resume_point, save_checkpoint
 from .loggers import SINKS, StepLogger
 from .update import UpdateConfig, make_optimizer, update_policy
 
@@ -129,6 +131,23 @@ def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kilobytes on Linux
 
 
+def _finished_summary(cfg: TrainConfig, out: Path, state: dict) -> dict:
+    """The summary of a run that already reached its steps: the one it wrote, else what its checkpoint holds."""
+    try:
+        return json.loads((out / "train_summary.json").read_text())
+    except (OSError, ValueError):
+        return {
+            "method": cfg.method,
+            "seed": cfg.seed,
+            "steps": state["step"],
+            "accuracy_after": None,
+            "out": str(out),
+            "accuracy_before": state.get("accuracy_before"),
+            "rollouts": state.get("rollouts", 0),
+            "peak_rss_gib": _peak_rss_gib(),
+        }
+
+
 def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     """Run (or resume) training; returns a summary (accuracy before and after, effective ratio, paths)."""
     import torch
@@ -139,10 +158,13 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     start = 0
     found = checkpoints(out)
     if found and not cfg.resume:
-        raise ValueError(f"out: {out} already holds checkpoints; pass resume=true to continue, or another out")
+        raise UserError(f"out: {out} already holds checkpoints; pass resume=true to continue, or another out")
+    ckpt = resume_point(out, lambda line: print(line, file=sys.stderr)) if cfg.resume and found else None
+    if ckpt and ckpt.step >= cfg.steps:  # nothing left to train: say so, and hand back what the run reached
+        print(f"{out} already reached step {ckpt.step} (steps={cfg.steps}); raise steps to train on", file=sys.stderr)
+        return _finished_summary(cfg, out, ckpt.state)
     spec = build_env(cfg.env)  # a corpus or sandbox problem stops the run before the warm start
-    resuming = bool(cfg.resume and found)
-    warmup = [] if resuming else cfg.predictor.warmup_trees()  # a resumed run's predictor is in its checkpoint
+    warmup = [] if ckpt else cfg.predictor.warmup_trees()  # a resumed run's predictor is in its checkpoint
     ensure_policy(cfg)
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.policy.model, device=cfg.policy.device)
@@ -152,11 +174,10 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     predictor = build_predictor(cfg.predictor, method, cfg.seed, warmup)
     summary_path = out / "train_summary.json"
     state = {"step": 0, "accuracy_before": None, "rollouts": 0}
-    if resuming:
-        step_done, path = found[-1]
-        predictor, state = load_checkpoint(path, model, optimizer)
-        start = step_done
-        print(f"resumed from {path} (step {step_done})", file=sys.stderr)
+    if ckpt:
+        restore(ckpt, model, optimizer)
+        predictor, state, start = ckpt.predictor, ckpt.state, ckpt.step
+        print(f"resumed from {ckpt.path} (step {start})", file=sys.stderr)
     ref_model = None
     if cfg.update.kl_coef > 0:
         ref_model, _ = load_model(cfg.policy.model, device=cfg.policy.device)
