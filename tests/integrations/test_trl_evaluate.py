@@ -10,7 +10,6 @@ import copy
 import json
 
 import numpy as np
-
 import pytest
 
 pytest.importorskip("trl")
