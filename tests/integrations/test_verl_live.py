@@ -11,7 +11,6 @@ predictor steps on verl's nested tensors, and verl's plugin loader on our entry 
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -32,6 +31,7 @@ from verl.tools.function_tool import FunctionTool  # noqa: E402
 from verl.tools.schemas import OpenAIFunctionToolSchema  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+from verl_launch import launch_overrides  # noqa: E402
 
 from trace_rl.integrations.verl import manager as manager_mod  # noqa: E402
 from trace_rl.integrations.verl import trainer as trainer_mod  # noqa: E402
@@ -387,24 +387,8 @@ def launch_config():
 
     import trace_rl.integrations.verl.plugin  # noqa: F401  (what the entry point loads)
 
-    script = (SRC.parent / "examples" / "verl" / "run_trace_qwen3.sh").read_text()
-    body = script.split("python -m verl.trainer.main_ppo \\\n", 1)[1].split('"$@"')[0]
-    subst = {
-        "$TRAIN_FILES": "train.parquet",
-        "$VAL_FILES": "val.parquet",
-        "$MODEL": "Qwen/Qwen3-4B",
-        "$HERE": "/x",
-        '"': "",
-    }
-    overrides = []
-    for line in body.splitlines():
-        line = re.sub(r"\$\(basename [^)]*\)", "Qwen3-4B", line.strip().rstrip("\\").strip())
-        for k, v in subst.items():
-            line = line.replace(k, v)
-        if line:
-            overrides.append(line.replace("'", ""))
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        return compose(config_name="ppo_trainer", overrides=overrides)
+        return compose(config_name="ppo_trainer", overrides=launch_overrides())
 
 
 def test_the_launch_script_passes_verls_own_validate_config():
