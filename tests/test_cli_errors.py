@@ -31,7 +31,7 @@ CASES = [
     (["eval", "limit=-1"], "limit"),
     (["eval", "k=0"], "k"),
     (["eval", "samples=0"], "samples"),
-    (["eval", "device=cuda:3"], "device"),
+    (["eval", "policy.device=cuda:3"], "policy.device"),
     (["eval", "env=chess"], "env"),
     (["diagnose", "{run}", "max_depth=-1"], "max_depth"),
     (["diagnose", "{run}"], "run_dir"),

@@ -92,7 +92,7 @@ def test_rollout_compares_methods_on_a_local_model(sft_model, tmp_path, capsys):
 
 
 def test_eval_reports_pass_at_k(sft_model, capsys):
-    code = main(["eval", "env=calculator", f"model={sft_model}", "limit=3", "k=1,2", "max_new_tokens=8"])
+    code = main(["eval", "env=calculator", f"policy.model={sft_model}", "limit=3", "k=1,2", "policy.max_new_tokens=8"])
     assert code == 0
     out = capsys.readouterr().out
     assert "pass@1" in out and "pass@2" in out
@@ -102,7 +102,7 @@ def test_bad_model_and_bad_sampling_are_one_line_errors(tmp_path, capsys):
     assert main(["rollout", "policy.model=./no/such/model", "steps=1", f"out={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert "existing path" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert main(["eval", "env=calculator", "model=./x", "top_p=0"]) == 2
+    assert main(["eval", "env=calculator", "policy.model=./x", "policy.top_p=0"]) == 2
     assert "top_p" in capsys.readouterr().err
     assert main(["rollout", "methods=trace_oracle", "steps=1"]) == 2
     assert "testbed" in capsys.readouterr().err
@@ -164,13 +164,21 @@ def test_eval_writes_per_sample_results_and_reads_a_task_file(sft_model, tmp_pat
         + "\n"
     )
     out = tmp_path / "eval"
-    args = ["eval", "env=calculator", f"model={sft_model}", "limit=2", "k=1,2", "max_new_tokens=8", f"out={out}"]
+    args = [
+        "eval",
+        "env=calculator",
+        f"policy.model={sft_model}",
+        "limit=2",
+        "k=1,2",
+        "policy.max_new_tokens=8",
+        f"out={out}",
+    ]
     assert main(args) == 0
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and {"index", "sample", "score", "generation"} <= set(samples[0])
     assert (out / "config.yaml").exists()
     pytest.importorskip("math_verify")
-    assert main(["eval", "env=math", f"model={sft_model}", f"data={rows}", "max_new_tokens=8"]) == 0
+    assert main(["eval", "env=math", f"policy.model={sft_model}", f"data={rows}", "policy.max_new_tokens=8"]) == 0
     assert "rows" in capsys.readouterr().out
 
 
@@ -181,6 +189,6 @@ def test_eval_refuses_a_prompt_longer_than_the_model_before_generating(tmp_path,
     model.save_pretrained(tmp_path / "short")
     tok.save_pretrained(tmp_path / "short")
     capsys.readouterr()  # the save's own progress bar is not the command's output
-    assert main(["eval", "env=calculator", f"model={tmp_path / 'short'}", "limit=1"]) == 2
+    assert main(["eval", "env=calculator", f"policy.model={tmp_path / 'short'}", "limit=1"]) == 2
     err = capsys.readouterr().err
     assert "positions" in err and "max_new_tokens" in err and len(err.strip().splitlines()) == 1

@@ -20,13 +20,14 @@ RANK = {
     "envs": 3,
     "agent": 4,
     "rollout": 5,
-    "testbed": 6,
-    "train": 6,
-    "integrations": 7,
-    "viewer": 7,
-    "config": 7,
-    "diagnose": 8,
-    "cli": 9,
+    "stack": 6,
+    "testbed": 7,
+    "train": 7,
+    "integrations": 8,
+    "viewer": 8,
+    "config": 8,
+    "diagnose": 9,
+    "cli": 10,
 }
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import ConfigError, help_text, load_config, write_config
+from .stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, check_seed
 
 
 # -- small commands' settings (the big ones live beside their code) ------------------------------------------
@@ -51,36 +52,28 @@ class ViewConfig:
 class EvalConfig:
     """`trace-rl eval`: accuracy of a model on an environment's benchmarks (pass@1, pass@k)."""
 
-    env: str = "calculator"  # calculator | math | qa | bfcl
-    model: str = "tiny"  # 'tiny', 'random-tiny', 'smollm2-135m', a local path or a hub id
     bench: list[str] = field(default_factory=list)  # benchmarks to run (default: all of the env's)
     data: str = ""  # a task file instead (verl / Search-R1 / SkyRL parquet or JSON-lines rows; its system kept)
     limit: int = 0  # first N tasks of each benchmark (0: all)
     k: list[int] = field(default_factory=lambda: [1])  # k of pass@k
     samples: int = 1  # samples per task (at least the largest k)
-    corpus: str = ""  # qa: a passage corpus file for the R1-Searcher eval sets
-    retriever_url: str = ""  # qa: a running /retrieve server (Search-R1 compatible)
-    device: str = "cpu"  # torch device of the policy
     seed: int = 0  # one seed reproduces the samples
     out: str = ""  # a directory for per-sample results (samples.jsonl) and the resolved config (default: none)
-    temperature: float = 1.0  # sampling temperature (0 = greedy)
-    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
-    max_new_tokens: int = 0  # cap on tokens per turn (0: the environment's default)
+    policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
+    env: LMEnvConfig = field(default_factory=LMEnvConfig)
 
     def __post_init__(self):
-        from .envs.registry import ENVS
-
-        if self.env not in ENVS:
-            raise ValueError(f"env: unknown {self.env!r}; choose from {', '.join(ENVS)}")
-        from .rollout.compare import check_device
-
         if self.limit < 0:
             raise ValueError(f"limit must be >= 0 (0: every task), got {self.limit}")
-        if self.samples < 1 or self.max_new_tokens < 0:
-            raise ValueError(f"samples must be >= 1 and max_new_tokens >= 0, got {self.samples}, {self.max_new_tokens}")
+        if self.samples < 1:
+            raise ValueError(f"samples must be >= 1, got {self.samples}")
         if not self.k or min(self.k) < 1:
             raise ValueError(f"k must be one or more integers >= 1, got {self.k}")
-        check_device(self.device)
+        check_seed(self.seed)
+        if self.data and not Path(self.data).is_file():
+            raise ValueError(f"data: no file {self.data}")
+        if self.data and self.bench:
+            raise ValueError("bench: give either data=FILE or bench names, not both")
 
 
 @dataclass
@@ -153,8 +146,8 @@ def _simulate(cfg, yaml_text: str) -> None:
 
 def _rollout(cfg, yaml_text: str) -> None:
     from .plots import plot_metric
-    from .rollout.compare import run_rollout
     from .rollout.records import format_table, summarize
+    from .train.rollout_compare import run_rollout
 
     out = Path(cfg.out)
     write_config(yaml_text, out)
@@ -228,54 +221,40 @@ def _view(cfg, yaml_text: str) -> None:
 
 
 def _eval(cfg, yaml_text: str) -> None:
-    from .backends.base import SamplingParams
-    from .backends.hf import HFBackend
-    from .envs.registry import get_env
     from .rollout.evaluate import check_context, evaluate
     from .rollout.records import format_table
+    from .stack.build import build_actor, build_env, build_policy
 
-    spec = get_env(cfg.env, corpus=cfg.corpus or None, retriever_url=cfg.retriever_url or None)
+    spec = build_env(cfg.env)
     if cfg.data:
         from .envs.data import load_tasks
 
-        if not Path(cfg.data).is_file():
-            raise ConfigError(f"data: no file {cfg.data}")
-        name = Path(cfg.data).stem
-        spec.benchmarks = {name: lambda n: load_tasks(cfg.data, n)}
-        if cfg.bench:
-            raise ConfigError("bench: give either data=FILE or bench names, not both")
+        spec.benchmarks = {Path(cfg.data).stem: lambda n: load_tasks(cfg.data, n)}
     benches = list(cfg.bench) or list(spec.benchmarks)
     unknown = [b for b in benches if b not in spec.benchmarks]
     if unknown:
-        raise ConfigError(f"bench: unknown {unknown} for env {cfg.env}; choose from {', '.join(spec.benchmarks)}")
-    params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens or spec.max_new_tokens)
+        raise ConfigError(f"bench: unknown {unknown} for env {cfg.env.name}; choose from {', '.join(spec.benchmarks)}")
     samples = max(max(cfg.k), cfg.samples)
-    backend = HFBackend.load(cfg.model, device=cfg.device)
+    policy = build_policy(cfg.policy, seed=cfg.seed)
+    actor = build_actor(policy, spec, cfg.policy.sampling(spec.max_new_tokens), EngineConfig())
     rows = []
     out = Path(cfg.out) if cfg.out else None
     if out:
         write_config(yaml_text, out)
         (out / "samples.jsonl").write_text("")
-    for bench in benches:
-        tasks = spec.benchmarks[bench](cfg.limit or None)
-        check_context(backend, spec.make, tasks, params, bench)
-        results: list = []
-        res = evaluate(
-            backend,
-            spec.make,
-            tasks,
-            params,
-            samples=samples,
-            ks=tuple(cfg.k),
-            seed=cfg.seed,
-            label=bench,
-            results=results,
-        )
-        rows.append({"benchmark": bench, **res})
-        if out:
-            with open(out / "samples.jsonl", "a", encoding="utf-8") as fh:
-                for r in results:
-                    fh.write(json.dumps({"benchmark": bench, **r}) + "\n")
+    try:
+        for bench in benches:
+            tasks = spec.benchmarks[bench](cfg.limit or None)
+            check_context(actor, tasks, bench)
+            results: list = []
+            res = evaluate(actor, tasks, samples=samples, ks=tuple(cfg.k), seed=cfg.seed, label=bench, results=results)
+            rows.append({"benchmark": bench, **res})
+            if out:
+                with open(out / "samples.jsonl", "a", encoding="utf-8") as fh:
+                    for r in results:
+                        fh.write(json.dumps({"benchmark": bench, **r}) + "\n")
+    finally:
+        policy.close()
     print(format_table(rows))
     if out:
         print(f"\nwrote {out}/samples.jsonl (one line per sample) and {out}/config.yaml")
@@ -341,7 +320,7 @@ def _config_classes() -> dict[str, tuple[str, object, str | None, str]]:
             "warm-start a policy on the built-in task's demonstrations and cache it",
         ),
         "rollout": (
-            "trace_rl.rollout.compare:RolloutConfig",
+            "trace_rl.train.rollout_compare:RolloutConfig",
             _rollout,
             None,
             "grow trees from a frozen policy with several methods",

@@ -4,20 +4,22 @@ pytest.importorskip("transformers")
 
 from helpers_calc import scripted_calc  # noqa: E402
 
-from trace_rl.agent.react import ChatFormat, start_episode  # noqa: E402
+from trace_rl.agent.react import ChatFormat  # noqa: E402
 from trace_rl.backends.base import SamplingParams, ScriptedBackend  # noqa: E402
 from trace_rl.envs.calculator import CalculatorEnv, make_tasks  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
-from trace_rl.rollout.episodes import run_lockstep  # noqa: E402
+from trace_rl.rollout.lm_actor import LMActor  # noqa: E402
 
 
 def test_histories_grow_token_by_token_and_match_a_full_render():
     tok = byte_tokenizer()
     fmt = ChatFormat(tok)
     task = make_tasks(1, seed=3, steps=(3,))[0]
-    ep = start_episode(CalculatorEnv(), task, fmt)
-    prompt_len = len(ep.token_ids)
-    run_lockstep([ep], ScriptedBackend(tok, lambda t, i: scripted_calc(t, i)), SamplingParams(max_new_tokens=64), fmt)
+    actor = LMActor(
+        ScriptedBackend(tok, lambda t, i: scripted_calc(t, i)), CalculatorEnv, SamplingParams(max_new_tokens=64)
+    )
+    [ep] = actor.run_episodes([task], [0])
+    prompt_len = len(fmt.prompt_ids(CalculatorEnv().system_prompt(), task["question"]))
     assert ep.done and ep.reward == 1.0 and len(ep.turns) == 4
     assert len(ep.token_ids) == prompt_len + sum(len(t.token_ids) for t in ep.turns)
     messages = [

@@ -1,14 +1,18 @@
 """Environments by name: a fresh environment per rollout, training tasks for `rollout` and `train`, the
-default benchmarks that `trace-rl eval env=NAME` runs, and the tokens per turn a real model needs there."""
+default benchmarks that `trace-rl eval env=NAME` runs, the held-out tasks that training evaluates on, how a
+report groups tasks, and the tokens per turn a real model needs there. What is specific to one environment
+lives here, so the commands that use a spec never name an environment."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
 
+from .calculator import RL_MIX as CALCULATOR_MIX
 from .data import data_root, load_tasks
 
 ENVS = ("calculator", "math", "qa", "bfcl")
@@ -20,6 +24,15 @@ class EnvSpec:
     benchmarks: dict[str, Callable[[int | None], list[dict]]]  # name -> loader(limit)
     train: Callable[[int, int], list[dict]]  # (count, seed) -> training prompts, drawn with replacement if few
     max_new_tokens: int = 256  # tokens per turn a model needs in this env (reasoning plus one action)
+    # (count, seed) -> held-out tasks for evaluation during training; None: the first benchmark's first count
+    draw_held_out: Callable[[int, int], list[dict]] | None = None
+    group: Callable[[dict], str] | None = None  # a task's difficulty label, for reports by difficulty
+
+    def held_out(self, count: int, seed: int) -> list[dict]:
+        """`count` held-out tasks (a fresh seeded draw where the env generates tasks, else a fixed benchmark)."""
+        if self.draw_held_out is not None:
+            return self.draw_held_out(count, seed)
+        return next(iter(self.benchmarks.values()))(count)
 
 
 def _sample(load: Callable[[], list[dict]]) -> Callable[[int, int], list[dict]]:
@@ -57,24 +70,31 @@ def _qa_corpus_questions(name: str, limit: int | None) -> list[dict]:
 
 
 def get_env(
-    name: str, corpus: str | None = None, retriever_url: str | None = None, calculator_mix: dict | None = None
+    name: str,
+    corpus: str | None = None,
+    retriever_url: str | None = None,
+    calculator_mix: dict | None = None,
+    sandbox: str = "strict",
 ) -> EnvSpec:
+    """The spec of env `name`; `sandbox` is where the math env runs model code (`envs.sandbox` modes)."""
     if name == "calculator":
-        from .calculator import RL_MIX, CalculatorEnv, make_tasks
+        from .calculator import CalculatorEnv, make_tasks
 
-        mix = calculator_mix or RL_MIX
+        mix = calculator_mix or CALCULATOR_MIX
         return EnvSpec(
             CalculatorEnv,
             {"calculator": lambda n: make_tasks(n or 256, seed=10_000, **mix)},
             lambda count, seed: make_tasks(count, seed=seed, **mix),
             max_new_tokens=48,
+            draw_held_out=lambda count, seed: make_tasks(count, seed=seed, **mix),
+            group=lambda task: f"steps={task['steps']} digits={task['digits']}",
         )
     if name == "math":
         from .math_env import MathEnv
 
         benches = ("aime24", "amc23", "math500", "minerva", "olympiadbench")
         return EnvSpec(
-            MathEnv,
+            partial(MathEnv, sandbox=sandbox),
             {b: (lambda n, b=b: load_tasks(b, n)) for b in benches},
             _sample(lambda: load_tasks("math-train")),
             max_new_tokens=512,

@@ -136,6 +136,75 @@ def resolve_model_path(name: str) -> str:
     return name  # a hub id
 
 
+HUB_PROBE_S = 3.0  # seconds the start-up probe of the hub waits before calling it unreachable
+
+
+def _offline() -> bool:
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def _hub_reachable(timeout: float = HUB_PROBE_S) -> str | None:
+    """None when the hub endpoint accepts a TCP connection within `timeout`, else why not (no HTTP request)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+    except OSError as err:
+        return f"{url.hostname}:{port}: {err.strerror or err}"
+    return None
+
+
+def check_model(name: str, weights: bool = True) -> None:
+    """Refuse, in seconds and before any download, a model name that cannot load here: one line naming `model`.
+
+    A hub id (org/name) passes when the local Hugging Face cache holds its config, or when the hub answers a
+    TCP probe (then a wrong id fails at its first request, without retries). With HF_HUB_OFFLINE (or
+    TRANSFORMERS_OFFLINE) set, or the hub unreachable, an uncached id is refused here rather than left to the
+    hub client's retry loop. 'tiny' passes even before `trace-rl sft` (train runs it first); 'smollm2-135m'
+    needs its package. `weights=False` (a remote server holds the weights) checks what the tokenizer needs."""
+    if name in (DEFAULT_MODEL, RANDOM_TINY):
+        return
+    if name == SMOLLM2:
+        if not (cache_dir() / "smollm2-135m-instruct" / "config.json").exists():
+            try:
+                smollm2_gguf()
+            except FileNotFoundError as err:
+                raise ValueError(f"model: {err}") from None
+        return
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
+            raise ValueError(f"model: {name} holds no config.json (not a Hugging Face model directory)")
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise ValueError(
+            f"model: {name!r} is not 'tiny', 'random-tiny', {SMOLLM2!r}, an existing path or a hub id (org/name)"
+        )
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        raise ValueError(
+            f"model: {name!r} is a hub id, which needs huggingface_hub (pip install 'trace-rl[lm]')"
+        ) from None
+    wanted = "config.json" if weights else "tokenizer_config.json"
+    if isinstance(try_to_load_from_cache(name, wanted), str):
+        return
+    if _offline():
+        raise ValueError(
+            f"model: {name!r} is not a local path and not in the Hugging Face cache (HF_HUB_OFFLINE is set)"
+        )
+    why = _hub_reachable()
+    if why:
+        raise ValueError(
+            f"model: {name!r} is not a local path, not in the Hugging Face cache, and the hub is unreachable ({why})"
+        )
+
+
 def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
     """(model, tokenizer) for a name, local path or hub id; one clear error if it cannot be found."""
     import torch
@@ -156,3 +225,22 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
     if not getattr(tok, "chat_template", None):
         raise ValueError(f"the tokenizer of {name!r} has no chat template; the ReAct agent needs one")
     return model.to(device).eval(), tok
+
+
+def load_tokenizer(name: str):
+    """The tokenizer alone (a server holds the weights): the word tokenizer of the tiny models, else from the
+    model's directory or hub id."""
+    if name == RANDOM_TINY:
+        from .tokenizer import word_tokenizer
+
+        return word_tokenizer()
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except OSError as err:
+        raise FileNotFoundError(f"cannot load the tokenizer of {name!r}: {str(err).splitlines()[0]}") from None
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"the tokenizer of {name!r} has no chat template; the ReAct agent needs one")
+    return tok

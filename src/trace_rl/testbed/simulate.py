@@ -101,6 +101,10 @@ class SimulateConfig:
             raise ValueError("out must be a directory path, got an empty string")
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        if self.env.seed != 0:  # each run sets the family's seed to its own (`seed`, `seeds`)
+            raise ValueError(
+                f"env.seed: the task family follows the run's seed; set seed= or seeds=, not {self.env.seed}"
+            )
         if self.train_tasks < self.budget.pool:
             raise ValueError(f"train_tasks must be >= the candidate pool ({self.budget.pool}), got {self.train_tasks}")
 

@@ -18,7 +18,10 @@ import numpy as np
 
 from ..methods import METHODS
 from ..rollout.records import format_table, read_metrics
+from ..stack.config import check_methods, check_seed
 from .trainer import TrainConfig, train
+
+DEFAULT_METHODS = ("grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace")
 
 
 @dataclass
@@ -26,19 +29,18 @@ class CompareConfig:
     """`trace-rl compare`: methods trained from one start at equal rollout budget, over several seeds."""
 
     out: str = "runs/compare"  # directory: one training run per method and seed, the table and the plots
-    methods: list[str] = field(default_factory=lambda: ["grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace"])
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))  # each trained from the same start
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one run per method and seed
     train: TrainConfig = field(default_factory=TrainConfig)  # the settings every run shares (its method is replaced)
 
     def __post_init__(self):
-        unknown = [m for m in self.methods if m not in METHODS or METHODS[m].predictor == "oracle"]
-        if unknown or not self.methods:
-            raise ValueError(
-                f"methods: unknown {unknown or 'none given'}; choose from "
-                f"{', '.join(m for m in METHODS if METHODS[m].predictor != 'oracle')}"
-            )
+        check_methods(self.methods, [m for m in METHODS if METHODS[m].predictor != "oracle"])
         if not self.seeds:
             raise ValueError("seeds: give at least one seed")
+        for seed in self.seeds:
+            check_seed(seed, "seeds")
+        if len(set(self.seeds)) < len(self.seeds):
+            raise ValueError(f"seeds: each seed once, got {self.seeds}")
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..agent.react import ChatFormat
 from ..envs.calculator import CalculatorEnv, solve
-from ..rollout.compare import LMEnvConfig, LMPolicyConfig
+from ..stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, check_seed
 
 
 def demo_sequence(task: dict, fmt: ChatFormat) -> tuple[list[int], list[int]]:
@@ -139,13 +139,13 @@ class SFTConfig:
     steps: int = 1500  # optimizer steps (about 4 minutes for the tiny model on 2 cores)
     sft: SFTParams = field(default_factory=SFTParams)
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)  # model: 'tiny' trains a fresh tiny model
-    env: LMEnvConfig = field(default_factory=LMEnvConfig)  # the task mix of the held-out report
 
     def __post_init__(self):
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if self.env.name != "calculator":
-            raise ValueError("env.name: SFT demonstrations exist for the calculator only")
+        check_seed(self.seed)
+        if self.policy.backend != "hf":
+            raise ValueError(f"policy.backend: sft trains and reports in this process (hf), got {self.policy.backend}")
 
 
 def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
@@ -153,11 +153,11 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
     as trees (a predictor warm start). A run cut short by a wall-clock cap is saved beside the cache instead."""
     import json
 
-    from ..backends.hf import HFBackend
     from ..envs.calculator import DEMO_MIX, make_tasks
     from ..lm.models import DEFAULT_MODEL, RANDOM_TINY, cache_dir, create_tiny_model, load_model
-    from ..rollout.evaluate import success_by_difficulty
+    from ..rollout.evaluate import success_by_group
     from ..seeding import derive_seed
+    from ..stack.build import build_actor, build_env, build_policy
     from ..tree import save_trees
 
     name = cfg.policy.model
@@ -189,13 +189,11 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
         f"trained {stats['steps']} steps, {stats['tokens']:,} tokens in {stats['seconds']:.0f}s "
         f"({stats['tokens'] / max(stats['seconds'], 1e-9):,.0f} tok/s), final loss {stats['loss']:.3f}"
     )
-    params = cfg.policy.sampling(48)
-    mix = {"steps": tuple(cfg.env.chain_steps), "digits": tuple(cfg.env.digits)}
-    report, trees = success_by_difficulty(
-        HFBackend(model, tok),
-        make_tasks(cfg.sft.eval_tasks, seed=derive_seed(cfg.seed, "sft-eval"), **mix),
-        params,
-        seed=cfg.seed,
+    spec = build_env(LMEnvConfig())  # the report is on the RL mix that `trace-rl train` starts from
+    params = cfg.policy.sampling(spec.max_new_tokens)
+    actor = build_actor(build_policy(cfg.policy, model=model, tokenizer=tok), spec, params, EngineConfig())
+    report, trees = success_by_group(
+        actor, spec.held_out(cfg.sft.eval_tasks, derive_seed(cfg.seed, "sft-eval")), spec.group, seed=cfg.seed
     )
     print(f"success on {cfg.sft.eval_tasks} held-out tasks at temperature {params.temperature}:")
     for key, val in report.items():

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from ..advantages import ADVANTAGES, batch_advantages
 from ..methods import METHODS, BudgetPlan, get_method
-from ..rollout.compare import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig, make_predictor
-from ..rollout.engine import EXECUTORS, TreeRolloutEngine, make_executor
-from ..rollout.lm_actor import LMActor
+from ..rollout.engine import EXECUTORS, make_executor
 from ..rollout.ray_executor import RayConfig
 from ..rollout.records import step_record
 from ..seeding import derive_seed
+from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
+from ..stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig, check_seed
 from .checkpoint import checkpoints, load_checkpoint, save_checkpoint
 from .loggers import SINKS, StepLogger
 from .update import UpdateConfig, make_optimizer, update_policy
@@ -75,14 +75,19 @@ class TrainConfig:
         unknown = [s for s in self.logger if s not in SINKS]
         if unknown:
             raise ValueError(f"logger: unknown {unknown}; choose from {', '.join(SINKS)}")
+        if "jsonl" not in self.logger:  # the run's record, which resume, compare and the plots read
+            raise ValueError(f"logger: must include jsonl (got {','.join(self.logger) or 'none'}); add console, ...")
+        check_seed(self.seed)
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
-        if self.update.temperature != self.policy.temperature:
+        if not self.policy.temperature > 0:
+            raise ValueError("policy.temperature must be > 0 to train: the update needs the sampling log-probs")
+        if self.policy.backend == "server":
             raise ValueError(
-                f"update.temperature ({self.update.temperature}) must equal policy.temperature "
-                f"({self.policy.temperature}): log-probs must come from the sampling distribution"
+                "policy.backend: a server's weights cannot be updated from here; train with hf or vllm "
+                "(rollout and eval take backend=server)"
             )
 
 
@@ -101,29 +106,13 @@ def ensure_policy(cfg: TrainConfig) -> None:
     run_sft(SFTConfig())
 
 
-def held_out_tasks(cfg: TrainConfig, spec) -> list[dict]:
-    if cfg.env.name == "calculator":
-        from ..envs.calculator import make_tasks
-
-        return make_tasks(
-            cfg.eval_tasks,
-            seed=derive_seed(cfg.seed, "held-out"),
-            steps=tuple(cfg.env.chain_steps),
-            digits=tuple(cfg.env.digits),
-        )
-    bench = next(iter(spec.benchmarks))
-    return spec.benchmarks[bench](cfg.eval_tasks)
-
-
-def evaluate_policy(cfg: TrainConfig, backend, spec, tasks, params, step: int) -> dict:
+def evaluate_policy(cfg: TrainConfig, actor, tasks, step: int) -> dict:
     from ..rollout.evaluate import evaluate
 
-    backend.clear_cache()
+    actor.backend.clear_cache()
     res = evaluate(
-        backend,
-        spec.make,
+        actor,
         tasks,
-        params,
         samples=cfg.eval_samples,
         ks=(1, cfg.eval_samples),
         seed=derive_seed(cfg.seed, "eval"),
@@ -141,7 +130,6 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     """Run (or resume) training; returns a summary (accuracy before and after, effective ratio, paths)."""
     import torch
 
-    from ..backends.hf import HFBackend
     from ..lm.models import load_model
 
     out = Path(cfg.out)
@@ -149,16 +137,19 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     found = checkpoints(out)
     if found and not cfg.resume:
         raise ValueError(f"out: {out} already holds checkpoints; pass resume=true to continue, or another out")
+    spec = build_env(cfg.env)  # a corpus or sandbox problem stops the run before the warm start
+    resuming = bool(cfg.resume and found)
+    warmup = [] if resuming else cfg.predictor.warmup_trees()  # a resumed run's predictor is in its checkpoint
     ensure_policy(cfg)
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.policy.model, device=cfg.policy.device)
     model.train()
     optimizer = make_optimizer(model, cfg.update)
     method = get_method(cfg.method)
-    predictor = make_predictor(cfg, method, [])
+    predictor = build_predictor(cfg.predictor, method, cfg.seed, warmup)
     summary_path = out / "train_summary.json"
     state = {"step": 0, "accuracy_before": None, "rollouts": 0}
-    if cfg.resume and found:
+    if resuming:
         step_done, path = found[-1]
         predictor, state = load_checkpoint(path, model, optimizer)
         start = step_done
@@ -179,11 +170,11 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
         (out / "metrics.jsonl").write_text("".join(line + "\n" for line in keep))
     logger = StepLogger(cfg.logger, out, resume=bool(start), run_name=f"{cfg.method}-seed{cfg.seed}")
 
-    spec = cfg.env.spec()
     params = cfg.policy.sampling(spec.max_new_tokens)
-    backend = HFBackend(model, tok)
-    actor = LMActor(backend, spec.make, params, cfg.engine.batching, cfg.engine.env_workers)
-    engine = TreeRolloutEngine(
+    policy = build_policy(cfg.policy, model=model, tokenizer=tok, seed=cfg.seed)
+    backend = policy.backend
+    actor = build_actor(policy, spec, params, cfg.engine)
+    engine = build_engine(
         actor,
         predictor,
         cfg.budget,
@@ -191,13 +182,13 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
         prefix_share=cfg.predictor.prefix_share,
         executor=make_executor(cfg.executor, cfg.ray),
     )
-    held_out = held_out_tasks(cfg, spec)
+    held_out = spec.held_out(cfg.eval_tasks, derive_seed(cfg.seed, "held-out"))
     pool = cfg.budget.pool
     advantage = cfg.advantage or method.advantage
 
     if start == 0:
         model.eval()
-        state["accuracy_before"] = evaluate_policy(cfg, backend, spec, held_out, params, 0)["accuracy"]
+        state["accuracy_before"] = evaluate_policy(cfg, actor, held_out, 0)["accuracy"]
         print(f"held-out accuracy before training: {state['accuracy_before']:.3f}", file=sys.stderr)
     record = {}
     try:
@@ -211,10 +202,16 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
             model.train()
             active = result.active
             stats = update_policy(
-                model, optimizer, active, batch_advantages(advantage, active), cfg.update, ref_model=ref_model
+                model,
+                optimizer,
+                active,
+                batch_advantages(advantage, active),
+                cfg.update,
+                ref_model=ref_model,
+                temperature=cfg.policy.temperature,  # log-probs of the distribution the rollouts sampled
             )
             model.eval()
-            backend.update_weights()  # the model changed in place: new version, no cached KV of old weights
+            policy.sync_weights()  # the backend samples the new weights; no cached KV of the old ones
             rec.timing_s["update"] = time.perf_counter() - t0
             rec.train.update({k.split("/", 1)[1]: v for k, v in stats.items()})
             state["rollouts"] += result.rollouts
@@ -222,7 +219,7 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
             last = step == cfg.steps - 1
             if (step + 1) % cfg.eval_every == 0 or last:
                 t0 = time.perf_counter()
-                rec.eval.update(evaluate_policy(cfg, backend, spec, held_out, params, step + 1))
+                rec.eval.update(evaluate_policy(cfg, actor, held_out, step + 1))
                 rec.timing_s["eval"] = time.perf_counter() - t0
             rec.train["peak_rss_gib"] = _peak_rss_gib()
             record = rec.flat()
@@ -232,6 +229,7 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
                 save_checkpoint(out, step + 1, model, tok, optimizer, predictor, state, config_yaml, cfg.keep_last)
     finally:
         logger.close()
+        policy.close()
     summary = {
         "method": cfg.method,
         "seed": cfg.seed,

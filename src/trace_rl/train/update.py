@@ -51,7 +51,6 @@ class UpdateConfig:
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
     epochs: int = 1  # passes over the step's trees, one optimizer step each
     packing: str = "tree"  # tree: every tree token encoded once | flat: one row per root-to-leaf path
-    temperature: float = 1.0  # the sampling temperature: log-probs must come from the same distribution
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of all weights (needs peft)
     lora_alpha: float = 16.0  # LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)
     lora_targets: tuple[str, ...] = LLAMA_LINEAR  # module names that get adapters
@@ -70,7 +69,7 @@ class UpdateConfig:
         for name in ("kl_coef", "weight_decay", "max_grad_norm"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "temperature", "lora_alpha"):
+        for name in ("lr", "lora_alpha"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         for name, low in (("micro_batch_tokens", 1), ("epochs", 1), ("lora_rank", 0)):
@@ -120,7 +119,9 @@ def _batches(trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: 
     return packer(trees, advantages, max_tokens=cfg.micro_batch_tokens)
 
 
-def _reference_logprobs(model, ref_model, batches: list[PackedBatch], cfg: UpdateConfig) -> list | None:
+def _reference_logprobs(
+    model, ref_model, batches: list[PackedBatch], cfg: UpdateConfig, temperature: float
+) -> list | None:
     if ref_model is None and not _has_lora(model):
         if cfg.kl_coef > 0:
             raise ValueError("kl_coef > 0 needs a ref_model (or LoRA, whose base model is the reference)")
@@ -130,7 +131,7 @@ def _reference_logprobs(model, ref_model, batches: list[PackedBatch], cfg: Updat
     was_training = ref.training
     ref.eval()
     with torch.no_grad(), context:
-        out = [token_logprobs(ref, b, cfg.temperature) for b in batches]
+        out = [token_logprobs(ref, b, temperature) for b in batches]
     ref.train(was_training)
     return out
 
@@ -142,8 +143,10 @@ def update_policy(
     advantages: list[dict[str, float]],
     cfg: UpdateConfig,
     ref_model=None,
+    temperature: float = 1.0,
 ) -> dict[str, float]:
-    """`cfg.epochs` optimizer steps on the trees' policy tokens; returns metrics averaged over the epochs:
+    """`cfg.epochs` optimizer steps on the trees' policy tokens, their log-probs taken at the sampling
+    `temperature` (the trainer passes `policy.temperature`); returns metrics averaged over the epochs:
     train/loss, train/pg_loss, train/clip_frac, train/kl (to the reference, 0 without one), train/approx_kl
     (sampling policy to current), train/grad_norm, train/skipped_steps, and per epoch: train/tokens (distinct
     tokens of the trees), train/encoded_tokens (tokens run through the model), train/policy_tokens (trained
@@ -165,7 +168,7 @@ def update_policy(
     if cfg.clip_ratio_c is not None:
         clip["clip_ratio_c"] = cfg.clip_ratio_c
     device = next(model.parameters()).device
-    ref_lps = _reference_logprobs(model, ref_model, batches, cfg)
+    ref_lps = _reference_logprobs(model, ref_model, batches, cfg, temperature)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     was_training = model.training
     model.eval()
@@ -173,7 +176,7 @@ def update_policy(
         for _ in range(cfg.epochs):
             optimizer.zero_grad(set_to_none=True)
             for i, b in enumerate(batches):
-                lp = token_logprobs(model, b, cfg.temperature)
+                lp = token_logprobs(model, b, temperature)
                 out = loss_fn(
                     lp,
                     b.old_logprobs.to(device),

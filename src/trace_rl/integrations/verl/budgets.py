@@ -32,8 +32,8 @@ class TraceSettings:
     """The `trace_rl` block of a verl config (`+trace_rl.method=trace +trace_rl.branch_factor=1 ...`)."""
 
     method: str = "trace"
-    branch_factor: int = 1  # N: continuations per bare rollout for tree methods
-    max_per_prompt: int = 16  # m_max for the active root allocator
+    branch_factor: int = BudgetPlan.branch_factor  # N: continuations per bare rollout for tree methods
+    max_per_prompt: int = BudgetPlan.max_per_prompt  # m_max for the active root allocator (at least n / (1 + N))
     estimator: str | None = None  # advantage estimator; None takes the method's own
     weighting: str = "split"  # how shared-prefix tokens are weighted across leaf rows (see integrations.rows)
     prefix_share: float = 0.5  # share of prefixes among the predictor's training examples

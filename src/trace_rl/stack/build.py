@@ -1,0 +1,142 @@
+"""The one builder of the LM stack: env spec, policy (model, tokenizer, the backend that samples it), predictor,
+actor and TRACE engine, from the shared settings groups (`stack.config`). `rollout`, `train`, `compare`, `eval`
+and `sft`'s report build through here, so a backend, an env option or a predictor setting means the same in
+every command.
+
+Backends (`policy.backend`):
+- `hf`: transformers in this process. With a model the command trains, the backend samples from that very
+  object, so a weight sync after an update only drops caches and bumps the version.
+- `vllm`: a vLLM engine launched on the model's files. With a trained model, every sync (and the build itself,
+  so a resumed run starts from its checkpoint) pushes the torch model's state dict into the engine.
+- `server`: an OpenAI-compatible server that serves `policy.model` (token ids in and out); the tokenizer is
+  loaded here. The server's weights cannot be changed from here, so `train` refuses it (its config check)
+  and `rollout`/`eval` use it as a frozen policy.
+`PolicyStack.sync_weights()` is the one weight-sync call; the trainer makes it after every update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..backends.base import PolicyBackend, SamplingParams
+from ..envs.registry import EnvSpec, get_env
+from ..methods import BudgetPlan, Method
+from ..predictors import training_examples
+from ..rollout.engine import TreeRolloutEngine
+from ..rollout.lm_actor import LMActor
+from ..seeding import derive_rng
+from .config import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig
+
+
+def build_env(cfg: LMEnvConfig) -> EnvSpec:
+    """The env spec of `cfg`; a corpus that does not parse, or a strict sandbox that cannot run here, is one
+    line naming its key (raised before any model is loaded)."""
+    try:
+        spec = get_env(
+            cfg.name,
+            corpus=cfg.corpus or None,
+            retriever_url=cfg.retriever_url or None,
+            calculator_mix=cfg.calculator_mix,
+            sandbox=cfg.sandbox,
+        )
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:
+        if cfg.name == "qa" and cfg.corpus:
+            raise ValueError(
+                f"env.corpus: {cfg.corpus} is not a passage corpus ({type(err).__name__}: {err})"
+            ) from None
+        raise
+    if cfg.name == "math":
+        from ..envs.sandbox import SandboxUnavailable, require
+
+        try:
+            require(cfg.sandbox)
+        except SandboxUnavailable as err:
+            raise ValueError(f"env.sandbox: {err} (env.sandbox=weak opts in)") from None
+    return spec
+
+
+@dataclass
+class PolicyStack:
+    """The policy as the commands use it: the backend that samples, and (when a command trains or reports on a
+    model it holds) the torch model and its tokenizer."""
+
+    backend: PolicyBackend
+    tokenizer: Any
+    model: Any = None  # the torch model this process updates (train, sft), or None
+    shares_model: bool = True  # the backend samples from `model` itself (hf), so a sync moves no weights
+
+    def sync_weights(self) -> int:
+        """After the model changed: the backend samples from the new weights and serves no cache of the old."""
+        if self.model is None or self.shares_model:
+            return self.backend.update_weights()
+        return self.backend.update_weights(self.model.state_dict())
+
+    def close(self) -> None:
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
+
+def build_policy(cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, seed: int = 0) -> PolicyStack:
+    """The backend of `cfg.backend` for `cfg.model`; with `model` and `tokenizer` (a torch model this process
+    trains), the backend samples that model's weights (hf: the object itself; vllm: pushed into the engine)."""
+    from ..lm.models import RANDOM_TINY, resolve_model_path
+
+    if cfg.backend == "hf":
+        from ..backends.hf import HFBackend
+
+        backend = HFBackend(model, tokenizer) if model is not None else HFBackend.load(cfg.model, device=cfg.device)
+        return PolicyStack(backend, backend.tokenizer, model, shares_model=True)
+    if cfg.backend == "vllm":
+        from ..backends.vllm import VLLMBackend
+
+        if cfg.model == RANDOM_TINY:
+            raise ValueError("model: random-tiny has no files for vLLM to load; use backend=hf or a model path")
+        path = resolve_model_path(cfg.model)
+        backend = VLLMBackend.launch(path, tokenizer=tokenizer, seed=seed)
+        stack = PolicyStack(backend, backend.tokenizer, model, shares_model=False)
+        if model is not None:
+            stack.sync_weights()  # a resumed run's model differs from the files the engine loaded
+        return stack
+    if cfg.backend == "server":
+        from ..backends.openai_server import OpenAIServerBackend
+        from ..lm.models import load_tokenizer
+
+        if model is not None:
+            raise ValueError("backend: a server's weights cannot be updated from here; train with hf or vllm")
+        tok = tokenizer or load_tokenizer(cfg.model)
+        return PolicyStack(OpenAIServerBackend(cfg.server_url, cfg.model, tok), tok, None, shares_model=False)
+    raise ValueError(f"backend: unknown {cfg.backend!r}")
+
+
+def build_predictor(cfg: LMPredictorConfig, method: Method, seed: int, warmup: Sequence = ()):
+    """A fresh predictor for one method: reward history for Knapsack RL, else the configured V~, fitted on the
+    `warmup` trees first (every method's predictor sees the same ones)."""
+    from ..predictors.history import RewardHistoryPredictor
+    from ..predictors.text import light_text_predictor
+
+    if method.predictor == "history":
+        pred = RewardHistoryPredictor()
+    elif cfg.kind == "light":
+        pred = light_text_predictor(seed=seed)
+    else:
+        from ..predictors.lm_critic import LMCritic
+
+        pred = LMCritic(cfg.kind, lr=cfg.critic_lr, epochs=cfg.critic_epochs, seed=seed)
+    if warmup:
+        pred.update(*training_examples(list(warmup), cfg.prefix_share, derive_rng(seed, "warmup")))
+    return pred
+
+
+def build_actor(policy: PolicyStack, spec: EnvSpec, params: SamplingParams, engine: EngineConfig) -> LMActor:
+    """The LM agent as the TRACE step's actor (also the loop of held-out evaluation, `rollout.evaluate`)."""
+    return LMActor(policy.backend, spec.make, params, engine.batching, engine.env_workers)
+
+
+def build_engine(
+    actor: LMActor, predictor, budget: BudgetPlan, *, seed: int, prefix_share: float, executor=None
+) -> TreeRolloutEngine:
+    """The one TRACE step around `actor` and `predictor` at `budget`; trees grow on `executor` (one from
+    `rollout.engine.make_executor`, shared by every engine of a run; None: asyncio in this process)."""
+    return TreeRolloutEngine(actor, predictor, budget, seed=seed, prefix_share=prefix_share, executor=executor)

@@ -1,0 +1,199 @@
+"""The settings groups every LM command shares: `policy.*`, `predictor.*`, `env.*`, `engine.*`.
+
+`rollout`, `train`, `compare`, `eval` and `sft` take these same dataclasses, so a key is spelled, defaulted
+and checked once. Each `__post_init__` refuses a bad value before any work, with one line that names the key
+(the config loader adds the group): a device that is not here, a backend that is not installed, a server that
+does not answer a short probe, a model that is neither local, cached nor reachable, a retriever URL that is not
+http(s), a warm-start file that holds no trees. The probes are short (a few seconds at most) and run once, when
+the command's config is built.
+
+Nothing here imports torch: the command line lists and checks settings without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..backends.base import SamplingParams
+from ..envs.registry import CALCULATOR_MIX, ENVS
+from ..rollout.lm_actor import BATCHING
+
+BACKENDS = ("hf", "vllm", "server")
+SERVER_PROBE_S = 3.0  # seconds the start-up probe of `policy.server_url` waits for /v1/models
+
+
+def check_device(device: str) -> None:
+    """A torch device that exists here, or one line saying what is available."""
+    if device == "cpu":
+        return
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"device: {device!r} needs torch (pip install 'trace-rl[lm]')") from None
+    kind = device.split(":")[0]
+    ok = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}.get(kind)
+    if ok is None:
+        raise ValueError(f"device must be cpu, cuda, cuda:N or mps, got {device!r}")
+    if not ok:
+        raise ValueError(f"device: {device!r} is not available on this machine (use device=cpu)")
+
+
+def served_models(url: str, timeout: float = SERVER_PROBE_S) -> list[str]:
+    """The model ids an OpenAI-compatible server lists at /v1/models; one line naming `server_url` if none answers."""
+    base = url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
+            body = json.loads(resp.read().decode("utf-8", "replace"))
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        why = getattr(err, "reason", None) or err
+        raise ValueError(f"server_url: no OpenAI-compatible server answers at {base}/v1/models ({why})") from None
+    data = body.get("data") if isinstance(body, dict) else None
+    return [str(m.get("id")) for m in data or [] if isinstance(m, dict) and m.get("id")]
+
+
+@dataclass
+class LMPolicyConfig:
+    """The policy model, the backend that samples it, and how it samples."""
+
+    model: str = "tiny"  # 'tiny' (after trace-rl sft), 'random-tiny', 'smollm2-135m', a local path or a hub id
+    backend: str = "hf"  # hf: transformers in this process | vllm: a vLLM engine here | server: an OpenAI-style server
+    server_url: str = ""  # backend=server: the server's base URL (it serves `model`; the tokenizer is loaded here)
+    device: str = "cpu"  # torch device of the policy (hf; with vllm, of the copy that train updates)
+    temperature: float = 1.0  # sampling temperature (0 = greedy); train's update uses the same one
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    max_new_tokens: int = 0  # cap on tokens per turn (0: the environment's default)
+
+    def __post_init__(self):
+        SamplingParams(self.temperature, self.top_p, max(self.max_new_tokens, 1))  # one place checks these
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0 (0: the environment's default), got {self.max_new_tokens}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: unknown {self.backend!r}; choose from {', '.join(BACKENDS)}")
+        check_device(self.device)
+        if self.backend == "server":
+            if not self.server_url.startswith(("http://", "https://")):
+                raise ValueError(f"server_url: backend=server needs an http(s) URL, got {self.server_url!r}")
+            served = served_models(self.server_url)
+            if served and self.model not in served:
+                raise ValueError(f"model: the server at {self.server_url} serves {served}, not {self.model!r}")
+        elif self.server_url:
+            raise ValueError(f"server_url: only backend=server reads it (backend is {self.backend})")
+        if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ValueError("backend: vllm is not installed here (pip install 'trace-rl[vllm]'), use backend=hf")
+        from ..lm.models import check_model
+
+        check_model(self.model, weights=self.backend != "server")
+
+    def sampling(self, env_default: int) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.max_new_tokens or env_default)
+
+
+@dataclass
+class LMPredictorConfig:
+    """The success predictor V~ that every method's allocator reads."""
+
+    kind: str = "light"  # 'light' (hashed n-grams + logistic, CPU) or an LM critic backbone (name, path, hub id)
+    prefix_share: float = 0.5  # share of prefix examples in a predictor batch
+    warmup: str = ""  # trees file to fit every predictor on before step 1 (e.g. the sft report's trees)
+    critic_lr: float = 3e-3  # learning rate of the LM critic's head
+    critic_epochs: int = 4  # passes of the LM critic over each step's examples
+
+    def __post_init__(self):
+        if not 0.0 <= self.prefix_share < 1.0:
+            raise ValueError(f"prefix_share must be in [0, 1), got {self.prefix_share}")
+        if self.warmup:
+            self.warmup_trees()  # parsed now, so a bad file stops the command before any work
+        if self.kind != "light":
+            from ..lm.models import MINILM, SMOLLM2
+
+            if self.kind not in (MINILM, SMOLLM2) and not Path(self.kind).exists() and self.kind.count("/") != 1:
+                raise ValueError(
+                    f"kind: {self.kind!r} is not 'light', {MINILM}, {SMOLLM2}, an existing path or a hub id (org/name)"
+                )
+        if not self.critic_lr > 0 or self.critic_epochs < 1:
+            raise ValueError("critic_lr must be > 0 and critic_epochs >= 1")
+
+    def warmup_trees(self) -> list:
+        """The trees of `warmup` ([] when unset); one line naming `warmup` for a missing, unreadable or empty file."""
+        if not self.warmup:
+            return []
+        from ..tree import load_trees
+
+        if not Path(self.warmup).is_file():
+            raise ValueError(
+                f"warmup: no file {self.warmup} (trace-rl sft writes sft_eval_trees.jsonl beside the "
+                "model; save_trees=true writes trees_<method>.jsonl)"
+            )
+        try:
+            trees = load_trees(self.warmup)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as err:
+            raise ValueError(f"warmup: {self.warmup} is not a trees file ({type(err).__name__}: {err})") from None
+        if not trees:
+            raise ValueError(f"warmup: {self.warmup} holds no trees")
+        return trees
+
+
+@dataclass
+class LMEnvConfig:
+    """Which environment the agent acts in, and its task mix."""
+
+    name: str = "calculator"  # calculator | math | qa | bfcl
+    chain_steps: list[int] = field(default_factory=lambda: list(CALCULATOR_MIX["steps"]))  # calculator: chain lengths
+    digits: list[int] = field(default_factory=lambda: list(CALCULATOR_MIX["digits"]))  # calculator: number sizes
+    corpus: str = ""  # qa: a passage corpus file (default: the offline corpora with their own questions)
+    retriever_url: str = ""  # qa: a running /retrieve server (Search-R1 compatible)
+    sandbox: str = "strict"  # math: where model code runs: strict (kernel namespaces) | weak (audit hook, opt-in)
+
+    def __post_init__(self):
+        if self.name not in ENVS:
+            raise ValueError(f"name: unknown env {self.name!r}; choose from {', '.join(ENVS)}")
+        if not self.chain_steps or not all(1 <= s <= 8 for s in self.chain_steps):
+            raise ValueError(f"chain_steps must be integers in 1..8, got {self.chain_steps}")
+        if not self.digits or not all(1 <= d <= 3 for d in self.digits):
+            raise ValueError(f"digits must be integers in 1..3, got {self.digits}")
+        if self.retriever_url and not self.retriever_url.startswith(("http://", "https://")):
+            raise ValueError(f"retriever_url must be an http(s) URL of a /retrieve server, got {self.retriever_url!r}")
+        if self.corpus and not Path(self.corpus).is_file():
+            raise ValueError(f"corpus: no file {self.corpus}")
+        from ..envs.sandbox import check_mode
+
+        check_mode(self.sandbox)
+
+    @property
+    def calculator_mix(self) -> dict:
+        return {"steps": tuple(self.chain_steps), "digits": tuple(self.digits)}
+
+
+@dataclass
+class EngineConfig:
+    """How the step's prompts share the model and the environment threads."""
+
+    batching: str = "round"  # round: reproducible batches | eager: no prompt waits for another's tool call
+    env_workers: int = 8  # threads that run environment steps off the event loop
+
+    def __post_init__(self):
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {self.batching!r}")
+        if self.env_workers < 1:
+            raise ValueError(f"env_workers must be >= 1, got {self.env_workers}")
+
+
+def check_seed(seed: int, key: str = "seed") -> None:
+    """Seeds name random streams (`seeding`), which take non-negative integers only."""
+    if seed < 0:
+        raise ValueError(f"{key} must be >= 0, got {seed}")
+
+
+def check_methods(methods: list[str], known, key: str = "methods") -> None:
+    """A non-empty list of known, distinct method names (a repeat would run, and be reported, twice)."""
+    unknown = [m for m in methods if m not in known]
+    if unknown or not methods:
+        raise ValueError(f"{key}: unknown {unknown or 'none given'}; choose from {', '.join(known)}")
+    repeated = sorted({m for m in methods if methods.count(m) > 1})
+    if repeated:
+        raise ValueError(f"{key}: {', '.join(repeated)} given more than once")

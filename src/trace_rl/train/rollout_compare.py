@@ -1,0 +1,122 @@
+"""`trace-rl rollout`: grow trees with several methods from one frozen policy at equal budget and compare.
+
+No policy update: every method samples from the same model, sees the same candidate pools, and runs the one
+TRACE step (`engine`) with the LM actor, so its predictor learns online from its own trees (a fresh predictor
+per method), as in training. It lives beside the trainer because both are built on the LM stack
+(`stack.build`): the same policy, backend, env and engine, without the update.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..methods import METHODS, BudgetPlan, get_method
+from ..predictors.diagnostics import node_records
+from ..rollout.engine import EXECUTORS, make_executor
+from ..rollout.ray_executor import RayConfig
+from ..rollout.records import MetricsWriter, step_record
+from ..seeding import derive_seed
+from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
+from ..stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig, check_methods, check_seed
+from ..tree import save_trees
+
+DEFAULT_METHODS = ("grpo", "pcl", "treepo", "trace_root_only", "trace")
+
+
+@dataclass
+class RolloutConfig:
+    """`trace-rl rollout`: methods compared on LM agents' trees from one frozen policy."""
+
+    out: str = "runs/rollout"  # run directory: config.yaml, metrics.jsonl, summary, plots, trees
+    seed: int = 0  # one seed reproduces the run (pools, samples, predictor)
+    steps: int = 10  # candidate pools to grow trees on (the predictor learns online)
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))  # each grows trees on the same pools
+    save_trees: bool = False  # write every method's trees (token ids, masks, log-probs, rewards) to trees_<m>.jsonl
+    progress: bool = True  # a progress line on stderr
+    executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
+    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
+    budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
+    policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
+    predictor: LMPredictorConfig = field(default_factory=LMPredictorConfig)
+    env: LMEnvConfig = field(default_factory=LMEnvConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        oracle = [m for m in self.methods if m in METHODS and METHODS[m].predictor == "oracle"]
+        if oracle:
+            raise ValueError(f"methods: {oracle} need the exact V that only the testbed has (trace-rl simulate)")
+        check_methods(self.methods, [m for m in METHODS if METHODS[m].predictor != "oracle"])
+        check_seed(self.seed)
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if not self.out:
+            raise ValueError("out must be a directory path, got an empty string")
+
+
+def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
+    """Every method over the same pools; returns the flat records by method and writes them under cfg.out."""
+    out = Path(cfg.out)
+    spec = build_env(cfg.env)
+    warmup = cfg.predictor.warmup_trees()
+    if warmup:
+        print(
+            f"predictor warm-up: {len(warmup)} trees, {sum(len(t.rewards()) for t in warmup)} rollouts from "
+            f"{cfg.predictor.warmup} (spent before this run, not counted in its budget)"
+        )
+    policy = build_policy(cfg.policy, seed=cfg.seed)
+    params = cfg.policy.sampling(spec.max_new_tokens)
+    tasks = spec.train(cfg.budget.pool * cfg.steps, derive_seed(cfg.seed, "pools"))
+    pools = [tasks[i * cfg.budget.pool : (i + 1) * cfg.budget.pool] for i in range(cfg.steps)]
+    writer, preds = MetricsWriter(out / "metrics.jsonl"), MetricsWriter(out / "predictions.jsonl")
+    for name in cfg.methods:
+        (out / f"trees_{name}.jsonl").unlink(missing_ok=True)
+    # The model, tokenizer and imports never die: keep them out of the collector's scans (full collections
+    # took a few % of a tiny-model run's wall-clock and made the overhead figure jumpy).
+    gc.freeze()
+    results: dict[str, list[dict]] = {}
+    executor = make_executor(cfg.executor, cfg.ray)
+    try:
+        for name in cfg.methods:
+            method = get_method(name)
+            actor = build_actor(policy, spec, params, cfg.engine)
+            engine = build_engine(
+                actor,
+                build_predictor(cfg.predictor, method, cfg.seed, warmup),
+                cfg.budget,
+                seed=cfg.seed,
+                prefix_share=cfg.predictor.prefix_share,
+                executor=executor,
+            )
+            records = results.setdefault(name, [])
+            for step, pool in enumerate(pools):
+                result = engine.grow(pool, method, step)
+                record = step_record(result, seed=cfg.seed).flat()
+                records.append(record)
+                writer.write(record)
+                for rec in node_records(result.active):
+                    preds.write({"method": name, "step": step, **rec})
+                if cfg.save_trees:
+                    save_trees(
+                        out / f"trees_{name}.jsonl", result.active, append=True, extra={"method": name, "step": step}
+                    )
+                if cfg.progress:
+                    er = sum(r["rollout/effective_ratio"] for r in records) / len(records)
+                    tokens = sum(r["rollout/generated_tokens"] for r in records)
+                    print(
+                        f"\r{name:<18} step {step + 1}/{cfg.steps}  effective ratio (running mean) {er:.3f}  "
+                        f"tokens {tokens:,}",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            if cfg.progress:
+                print(file=sys.stderr)
+    finally:
+        gc.unfreeze()  # a caller that runs main() again (the tests) gets its garbage collected as before
+        policy.close()
+    return results

@@ -1,0 +1,112 @@
+"""Every key that `trace-rl CMD --help` lists has a doc comment and is read by the code.
+
+"Read" is checked statically: the field's name appears as an attribute access (`x.name`) or as a string handed
+to getattr somewhere in src/trace_rl, outside the `__post_init__` of the dataclass that declares it (a key
+that is only validated and never used is dead). A name shared with other settings (`seed`, `steps`) passes
+if any of them is read; the check is there to catch a key nobody reads at all, and it does (see the last test).
+"""
+
+import ast
+import dataclasses
+import typing
+from pathlib import Path
+
+import pytest
+
+from trace_rl.cli import _config_classes, _load_class
+from trace_rl.config import _docs, _fields, _leaves
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
+
+
+def _declared(cls, prefix: str = "") -> dict[str, tuple[type, str]]:
+    """Dotted key -> (the dataclass that declares the field, the field name), for every leaf of `cls`."""
+    out = {}
+    hints = typing.get_type_hints(cls)
+    for f in _fields(cls):
+        typ = hints[f.name]
+        if dataclasses.is_dataclass(typ):
+            out.update(_declared(typ, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = (cls, f.name)
+    return out
+
+
+def _reads(paths) -> dict[str, set[str]]:
+    """Attribute name -> the 'module:Class' of each dataclass whose __post_init__ is the only place it is read,
+    or 'elsewhere' when read outside any __post_init__."""
+    found: dict[str, set[str]] = {}
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        inside: dict[int, str] = {}  # node id -> owning class of the __post_init__ it sits in
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            for fn in cls.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "__post_init__":
+                    for node in ast.walk(fn):
+                        inside[id(node)] = cls.name
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Attribute):
+                names.append(node.attr)
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2:
+                if isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                    names.append(node.args[1].value)
+            for name in names:
+                found.setdefault(name, set()).add(inside.get(id(node), "elsewhere"))
+    return found
+
+
+def dead_keys(cls, reads: dict[str, set[str]]) -> list[str]:
+    """Keys of `cls` whose field name is never read outside its own class's __post_init__."""
+    return [key for key, (owner, name) in _declared(cls).items() if "elsewhere" not in reads.get(name, set())]
+
+
+def undocumented_keys(cls) -> list[str]:
+    return [key for key, (owner, name) in _declared(cls).items() if not _docs(owner).get(name)]
+
+
+COMMANDS = sorted(_config_classes())
+# keys whose only reader is their own __post_init__, because that is where they take effect
+DERIVED = {("simulate", "ablation")}  # chooses the default method list
+
+
+@pytest.fixture(scope="module")
+def reads():
+    return _reads(SRC.rglob("*.py"))
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_listed_key_has_a_doc_and_is_read(command, reads):
+    try:
+        cls = _load_class(_config_classes()[command][0])
+    except ImportError as err:
+        pytest.skip(f"{command} needs a package that is not installed ({err})")
+    assert set(_declared(cls)) == set(_leaves(cls))  # the keys checked are the keys --help lists
+    assert not undocumented_keys(cls), f"{command}: keys without a doc comment"
+    dead = [k for k in dead_keys(cls, reads) if (command, k) not in DERIVED]
+    assert not dead, f"{command}: keys that no code reads"
+
+
+def test_the_check_finds_a_dead_key(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from dataclasses import dataclass\n"
+        "@dataclass\n"
+        "class Demo:\n"
+        "    zz_used_key: int = 0  # read below\n"
+        "    zz_dead_key: int = 0  # only validated\n"
+        "    def __post_init__(self):\n"
+        "        if self.zz_dead_key < 0 or self.zz_used_key < 0:\n"
+        "            raise ValueError\n"
+        "def run(cfg):\n"
+        "    return cfg.zz_used_key\n"
+    )
+
+    @dataclasses.dataclass
+    class Demo:
+        zz_used_key: int = 0  # read below
+        zz_dead_key: int = 0
+        zz_other_key: int = 0  # never read anywhere
+
+    assert dead_keys(Demo, _reads([source])) == ["zz_dead_key", "zz_other_key"]
+    assert undocumented_keys(Demo) == ["zz_dead_key"]
