@@ -41,6 +41,9 @@ class Stub:
             def log_message(self, *args):
                 pass
 
+            def do_GET(self):  # /v1/models, which the command line's config check reads
+                self._send(200, {"object": "list", "data": [{"id": "random-tiny", "object": "model"}]})
+
             def do_POST(self):
                 stub.hits += 1
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -273,3 +276,16 @@ def test_an_unreachable_server_is_refused_in_one_line():
         be.probe()
     assert "\n" not in str(err.value)
     be.close()
+
+
+def test_the_command_line_refuses_a_server_without_token_ids_before_any_work(stub, tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from trace_rl.cli import main
+
+    stub.mode = "hf-serve"
+    out = tmp_path / "run"
+    args = ["policy.backend=server", f"policy.server_url={stub.url}", "policy.model=random-tiny", f"out={out}"]
+    assert main(["rollout", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rejects vLLM's token-id request fields" in err[0], err
+    assert stub.hits == 1 and not list(out.glob("**/*.jsonl"))  # probed once; nothing was rolled out
