@@ -21,14 +21,17 @@ def launch_overrides(train="train.parquet", val="val.parquet", model="Qwen/Qwen3
 
 
 def with_overrides(overrides: list[str], **changes: str) -> list[str]:
-    """`overrides` with the value of each key in `changes` replaced (a key given with dots, as in the script);
-    keys the script does not set are added with Hydra's `+` only when verl's config lacks them (`+` in the key)."""
+    """`overrides` with the value of each key in `changes` replaced (keys with dots, as in the script; a key
+    written with Hydra's `+` matches the script's `+key` too); keys the script does not set are appended as given
+    (with `+` for a key verl's config lacks)."""
+    wanted = {k.lstrip("+"): (k, v) for k, v in changes.items()}
     out, seen = [], set()
     for item in overrides:
-        key = item.split("=", 1)[0].lstrip("+")
-        if key in changes:
+        written, _, value = item.partition("=")
+        key = written.lstrip("+")
+        if key in wanted:
             seen.add(key)
-            item = f"{item.split('=', 1)[0]}={changes[key]}"
-        out.append(item)
-    out += [f"{k}={v}" for k, v in changes.items() if k.lstrip("+") not in seen]
+            value = wanted[key][1]
+        out.append(f"{written}={value}")
+    out += [f"{k}={v}" for key, (k, v) in wanted.items() if key not in seen]
     return out
