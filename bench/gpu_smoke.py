@@ -1,78 +1,128 @@
-"""GPU smoke test of the vLLM backend (one GPU, a few minutes): TRACE trees on the math environment, log-probs
-against Hugging Face on the same tokens, weight sync, tokens/s and the prefix-cache hit rate.
+"""The vLLM backend end to end on one device (a CUDA GPU, or a CPU with vLLM's CPU build): TRACE trees through
+LMActor -> VLLMBackend, the same step on the HF backend, log-probs against HF on the same tokens, weight sync.
 
-    bash bench/gpu_smoke.sh                                    # Qwen/Qwen2.5-0.5B-Instruct
-    bash bench/gpu_smoke.sh --model Qwen/Qwen2.5-1.5B-Instruct --dtype float32
+    bash bench/gpu_smoke.sh --model /models/Qwen2.5-0.5B-Instruct --sandbox strict    # one GPU, < 8 minutes
+    .venv-vllm/bin/python bench/gpu_smoke.py --device cpu --model random-tiny --env calculator --sandbox weak
+
+`--model` is a local model directory (nothing is fetched from a hub) or `random-tiny` (the project's tiny random
+Llama, saved to a temporary folder). `--sandbox` has no default: the math environment's python tool runs model
+code, and the containment is a choice to write down (`strict` is refused in one line where bubblewrap cannot
+run; `weak` is an in-process audit hook). The calculator environment runs no code.
 
 Checks (exit 1 on any failure):
-1. one TRACE step grows trees through LMActor -> VLLMBackend (every row with its own seed);
-2. the log-probs vLLM returned for the sampled tokens match a float32 HF forward over the same tokens
-   (temperature-scaled log-softmax, top_p = 1): mean |diff| < 0.02 and 99th percentile < 0.1 with vLLM in
-   bfloat16 (the HF reference is float32, so this measures vLLM's bf16 rounding); max < 0.01 with
-   `--dtype float32`;
-3. weight sync: reloading the HF weights leaves greedy output unchanged; loading a zeroed final norm makes
-   every log-prob -log(vocab) (so load_weights reached the served model); restoring it restores the output;
-   every sync bumps weight_version and resets the prefix cache.
-Reports tokens/s (generated tokens over the generate phase of the step) and the prefix-cache hit rate
-(prompt tokens vLLM served from cache, from RequestOutput.num_cached_tokens, over all prompt tokens).
+1. one TRACE step grows trees through the vLLM backend (every row with its own seed), and some prompt tokens
+   come from vLLM's prefix cache;
+2. the log-probs vLLM returned for the sampled tokens match an HF forward over the same tokens in float32
+   (temperature-scaled log-softmax, top_p = 1): max < 0.01 with `--dtype float32`; with bfloat16, mean < 0.02
+   and 99th percentile < 0.1 (that measures vLLM's bf16 rounding against an fp32 reference);
+3. weight sync: reloading the HF weights leaves greedy output unchanged and re-prefills the prompt (the prefix
+   cache was reset); a zeroed final norm makes every log-prob -log(vocab) (the weights reached the served
+   model); restoring it restores the output.
+Reports, for the dated notes in docs/engines.md: tokens/s of the vLLM step and of the same step (same tasks,
+plan and seeds) on the HF backend, over each step's generate phase (the two samplers draw different tokens, so
+the counts differ a little); the prefix-cache hit rate (prompt tokens vLLM served from cache, from
+RequestOutput.num_cached_tokens, over all prompt tokens); the log-prob gap; the wall time of each part.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 
-def tasks_for(count: int, seed: int) -> list[dict]:
-    """Training prompts of the math environment, or a few inline problems when the data is not installed."""
+def tasks_for(env: str, count: int, seed: int) -> list[dict]:
+    """Training prompts of the environment, or a few inline math problems when the math data is not installed."""
     from trace_rl.envs.data import row_to_task
     from trace_rl.envs.registry import get_env
 
     try:
-        return get_env("math").train(count, seed)
+        return get_env(env).train(count, seed)
     except (FileNotFoundError, ValueError) as err:
-        print(f"(math-train not found: {err}; using inline problems)")
-    rows = [
-        (f"What is {a} * {b} + {c}?", str(a * b + c))
-        for a, b, c in [
-            (17, 23, 5),
-            (48, 12, 9),
-            (31, 7, 100),
-            (64, 64, 1),
-            (19, 21, 3),
-            (125, 8, 7),
-            (99, 11, 0),
-            (13, 13, 13),
-        ]
-    ]
+        print(f"({env} training prompts not found: {err}; using inline problems)")
+    rows = [(f"What is {a} * {b} + {c}?", str(a * b + c)) for a, b, c in [(17, 23, 5), (48, 12, 9), (31, 7, 100)]]
     return [row_to_task({"question": q, "answer": a}, "inline", i) for i, (q, a) in enumerate(rows * count)][:count]
 
 
+def env_factory(env: str, sandbox: str):
+    """A fresh environment per rollout; the math env's sandbox checked here (one line where it cannot run)."""
+    if env == "calculator":
+        from trace_rl.envs.calculator import CalculatorEnv
+
+        return CalculatorEnv
+    from trace_rl.envs.math_env import MathEnv
+    from trace_rl.envs.sandbox import require
+
+    require(sandbox)
+    return functools.partial(MathEnv, sandbox=sandbox)
+
+
+def model_dir(name: str) -> str:
+    """A local model directory, or the tiny random model saved to a temporary one."""
+    if name == "random-tiny":
+        from trace_rl.lm.models import create_tiny_model
+
+        model, tok = create_tiny_model(seed=0)
+        out = tempfile.mkdtemp(prefix="trace-rl-random-tiny-")
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        return out
+    if not (Path(name).expanduser() / "config.json").is_file():
+        raise FileNotFoundError(f"--model must be a local model directory with a config.json (no hub access): {name}")
+    return str(Path(name).expanduser())
+
+
+def trace_step(backend, make_env, params, tasks, prompts: int, batching: str):
+    from trace_rl.methods import BudgetPlan, get_method
+    from trace_rl.predictors.text import light_text_predictor
+    from trace_rl.rollout.engine import TreeRolloutEngine
+    from trace_rl.rollout.lm_actor import LMActor
+
+    plan = BudgetPlan(prompts=prompts, rollouts_per_prompt=4, branch_factor=1, pool_factor=2, max_per_prompt=8)
+    actor = LMActor(backend, make_env, params, batching=batching)
+    return TreeRolloutEngine(actor, light_text_predictor(seed=0), plan, seed=0).grow(tasks, get_method("trace"))
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a local model directory, or random-tiny")
+    ap.add_argument("--sandbox", required=True, choices=["strict", "weak"], help="the math tool's containment")
+    ap.add_argument("--env", default="math", choices=["math", "calculator"])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"], help="cuda: bf16, cpu: fp32")
     ap.add_argument("--prompts", type=int, default=8, help="P: prompts per step (the pool is 2P)")
-    ap.add_argument("--max-new-tokens", type=int, default=384)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 384 on cuda, 48 on cpu")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="leaves room for the HF reference")
     ap.add_argument("--compare-rows", type=int, default=48, help="generations scored by HF")
-    ap.add_argument("--device", default="cuda", help="where the HF reference runs")
+    ap.add_argument("--no-hf-step", action="store_true", help="skip the HF backend's run of the same step")
     args = ap.parse_args()
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    max_new = args.max_new_tokens or (384 if args.device == "cuda" else 48)
+    if args.device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+
+    from trace_rl.envs.sandbox import SandboxUnavailable
+
+    try:  # every bad setting is one line before any model loads
+        make_env = env_factory(args.env, args.sandbox)
+        path = model_dir(args.model)
+    except (SandboxUnavailable, FileNotFoundError, ValueError) as err:
+        print(f"gpu_smoke: {err}", file=sys.stderr)
+        return 2
 
     import numpy as np
     import torch
 
     from trace_rl.agent.react import ChatFormat
     from trace_rl.backends.base import SamplingParams
+    from trace_rl.backends.hf import HFBackend
     from trace_rl.backends.vllm import VLLMBackend
-    from trace_rl.envs.registry import get_env
-    from trace_rl.lm.models import load_model, resolve_model_path
-    from trace_rl.methods import BudgetPlan, get_method
-    from trace_rl.predictors.text import light_text_predictor
-    from trace_rl.rollout.engine import TreeRolloutEngine
-    from trace_rl.rollout.lm_actor import LMActor
+    from trace_rl.lm.models import load_model
 
     failures: list[str] = []
 
@@ -81,13 +131,16 @@ def main() -> int:
         if not ok:
             failures.append(what)
 
-    path = resolve_model_path(args.model)
+    started = time.perf_counter()
     ref, tok = load_model(path, device=args.device, dtype="float32")
+    engine_kwargs = {"max_model_len": 8192 if args.device == "cuda" else 2048}
+    if args.device == "cuda":
+        engine_kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
+    else:  # eager start-up is ~5x faster on CPU; 32-token blocks let short prompts share cached blocks
+        engine_kwargs.update(enforce_eager=True, block_size=32)
     t0 = time.perf_counter()
-    backend = VLLMBackend.launch(
-        path, tokenizer=tok, dtype=args.dtype, max_model_len=8192, gpu_memory_utilization=args.gpu_memory_utilization
-    )
-    print(f"vLLM engine up in {time.perf_counter() - t0:.0f}s ({args.model}, {args.dtype})")
+    backend = VLLMBackend.launch(path, tokenizer=tok, dtype=dtype, **engine_kwargs)
+    print(f"vLLM engine up in {time.perf_counter() - t0:.0f}s ({args.model}, {dtype}, {args.device})")
 
     recorded: list[tuple[list[int], object]] = []
     agenerate = backend.agenerate
@@ -98,25 +151,37 @@ def main() -> int:
         return gens
 
     backend.agenerate = recording
+    figures: dict[str, float] = {}
     try:
-        # 1. one TRACE step on the math environment
-        params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
-        plan = BudgetPlan(prompts=args.prompts, rollouts_per_prompt=4, branch_factor=1, pool_factor=2, max_per_prompt=8)
-        actor = LMActor(backend, get_env("math").make, params, batching="eager")
-        engine = TreeRolloutEngine(actor, light_text_predictor(seed=0), plan, seed=0)
-        res = engine.grow(tasks_for(plan.pool, seed=0), get_method("trace"))
+        # 1. one TRACE step (warm-up call first: vLLM's first generate call compiles/warms its kernels)
+        params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=max_new)
+        tasks = tasks_for(args.env, args.prompts * 2, seed=0)
+        backend.generate([[tok.eos_token_id or 0] * 4], SamplingParams(max_new_tokens=2), seed=0)
+        backend.clear_cache()
+        backend.stats = dict.fromkeys(backend.stats, 0)
+        res = trace_step(backend, make_env, params, tasks, args.prompts, "eager")
         gen_s = res.time["generate"]
+        figures["vllm_tokens_per_s"] = res.generated_tokens / max(gen_s, 1e-9)
+        figures["prefix_cache_hit_rate"] = backend.prefix_cache_hit_rate
         check(
             res.rollouts > 0 and res.generated_tokens > 0,
-            f"TRACE step: {res.rollouts} rollouts ({res.bare_rollouts} bare, {res.continuations} continuations) "
-            f"over {len(res.active)} trees, {res.generated_tokens:,} tokens in {res.time['total']:.1f}s",
+            f"TRACE step on vLLM: {res.rollouts} rollouts ({res.bare_rollouts} bare, {res.continuations} "
+            f"continuations) over {len(res.active)} trees, {res.generated_tokens:,} tokens in {res.time['total']:.1f}s",
         )
         print(
-            f"tokens/s: {res.generated_tokens / max(gen_s, 1e-9):,.0f} over the generate phase ({gen_s:.1f}s); "
+            f"vLLM tokens/s: {figures['vllm_tokens_per_s']:,.0f} over the generate phase ({gen_s:.1f}s); "
             f"prefix-cache hit rate {backend.prefix_cache_hit_rate:.1%} "
             f"({backend.stats['cached_prompt_tokens']:,} of {backend.stats['prompt_tokens']:,} prompt tokens)"
         )
         check(backend.stats["cached_prompt_tokens"] > 0, "vLLM served some prompt tokens from its prefix cache")
+        if not args.no_hf_step:
+            hf = trace_step(HFBackend(ref, tok), make_env, params, tasks, args.prompts, "round")
+            hf_s = hf.time["generate"]
+            figures["hf_tokens_per_s"] = hf.generated_tokens / max(hf_s, 1e-9)
+            print(
+                f"HF tokens/s on the same step: {figures['hf_tokens_per_s']:,.0f} ({hf.generated_tokens:,} tokens, "
+                f"{hf_s:.1f}s); vLLM/HF {figures['vllm_tokens_per_s'] / max(figures['hf_tokens_per_s'], 1e-9):.2f}x"
+            )
 
         # 2. log-probs against a float32 HF forward on the same tokens
         rng = np.random.default_rng(0)
@@ -130,14 +195,15 @@ def main() -> int:
                 diffs.extend((lp.cpu().numpy() - np.asarray(g.logprobs)).tolist())
         d = np.abs(np.asarray(diffs))
         mean, p99, worst = float(d.mean()), float(np.percentile(d, 99)), float(d.max())
+        figures.update(logprob_gap_mean=mean, logprob_gap_max=worst)
         print(
             f"log-prob |vLLM - HF fp32| over {len(d):,} tokens of {len(rows)} generations: "
-            f"mean {mean:.4f}, p99 {p99:.4f}, max {worst:.4f}"
+            f"mean {mean:.2e}, p99 {p99:.2e}, max {worst:.2e}"
         )
-        if args.dtype == "float32":
+        if dtype == "float32":
             check(worst < 0.01, "log-probs match HF within 0.01 (float32)")
         else:
-            check(mean < 0.02 and p99 < 0.1, f"log-probs match HF: mean < 0.02 and p99 < 0.1 ({args.dtype})")
+            check(mean < 0.02 and p99 < 0.1, f"log-probs match HF: mean < 0.02 and p99 < 0.1 ({dtype})")
 
         # 3. weight sync
         probe = [ChatFormat(tok).prompt_ids("You are a helpful assistant.", "Name three prime numbers.")]
@@ -145,7 +211,9 @@ def main() -> int:
         before = backend.generate(probe, greedy, seed=0)[0]
         v = backend.weight_version
         state = dict(ref.state_dict())
+        t0 = time.perf_counter()
         check(backend.update_weights(state) == v + 1, "update_weights bumps the version")
+        figures["weight_sync_s"] = time.perf_counter() - t0
         same = backend.generate(probe, greedy, seed=0)[0]
         check(same.token_ids == before.token_ids, "reloading the same weights leaves greedy output unchanged")
         check(same.prefix_tokens_computed == len(probe[0]), "the sync reset the prefix cache (prompt prefilled again)")
@@ -164,9 +232,11 @@ def main() -> int:
         )
     finally:
         backend.close()
+    figures["wall_s"] = time.perf_counter() - started
+    print("figures: " + ", ".join(f"{k}={v:.4g}" for k, v in figures.items()))
     print("PASS" if not failures else f"FAIL: {len(failures)} check(s): " + "; ".join(failures))
     return 1 if failures else 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # vLLM spawns its engine core: nothing may run at import
     sys.exit(main())

@@ -21,4 +21,6 @@ $PIP "verl==0.9.1" "TransferQueue>=0.1.10" cachetools uvicorn fastapi pyzmq msgs
 # What the integration and its tests import is installed explicitly, held to verl's transformers range.
 $PIP --no-deps -e .
 $PIP pytest "transformers>=5.5.3,<5.11,!=5.6.0" tokenizers accelerate tqdm
-"$VENV/bin/python" -c "import verl, transformers; print('verl', verl.__version__, 'transformers', transformers.__version__)"
+# the example's reward (examples/verl/reward.py -> trace_rl.envs.math_env) grades answers with math-verify
+$PIP "math-verify>=0.7"
+"$VENV/bin/python" -c "import verl, transformers, math_verify; print('verl', verl.__version__, 'transformers', transformers.__version__)"

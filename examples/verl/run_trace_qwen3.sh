@@ -1,27 +1,46 @@
 #!/usr/bin/env bash
 # TRACE on verl 0.9.1: Qwen3 on math with a python tool (the paper's math setting), one node of 8 GPUs.
-# Needs a GPU environment with verl's own stack (pip install "verl[vllm]==0.9.1") plus trace-rl with its
-# `verl.plugins` entry point installed (pip install -e . in this repository), so that `import verl` registers
-# the trace trainer, the trace_tool_agent loop and the trace estimator in every process.
+# Needs a GPU environment with verl's own stack plus the reward's grader (pip install "verl[vllm]==0.9.1"
+# "math-verify>=0.7") and trace-rl with its `verl.plugins` entry point installed (pip install -e . in this
+# repository), so that `import verl` registers the trace trainer, the trace_tool_agent loop and the trace
+# estimator in every process.
 #   TRAIN_FILES / VAL_FILES  parquet in verl's RL format: `prompt` (chat messages), `data_source`,
 #                            `reward_model.ground_truth`; the system prompt should ask for \boxed{} answers
 #   MODEL                    default Qwen/Qwen3-4B
+#   TRACE_SANDBOX            how the python tool contains model code: strict (default; bubblewrap + seccomp,
+#                            refused at start-up where it cannot run) or weak (an in-process audit hook, chosen
+#                            explicitly; every step's metrics then carry trace/sandbox_weak=1)
 # Budget: 64 prompts x n 8 = 512 rollouts a step. TRACE spends 256 on bare rollouts, allocated across the 64
 # prompts by the predictor (0 skips a prompt), and 256 on continuations branched from allocated prefixes.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 MODEL=${MODEL:-Qwen/Qwen3-4B}
+export TRACE_SANDBOX=${TRACE_SANDBOX:-strict}  # exported: Ray's local workers inherit it (tool and trainer)
 TRAIN_FILES=${TRAIN_FILES:?parquet of training prompts}
 VAL_FILES=${VAL_FILES:?parquet of validation prompts}
 
-# verl loads plugins from entry points only, in every Ray process: check the installed package declares it
-python - <<'PY'
+# Before any GPU work, one line for each thing that would fail later inside a Ray worker: verl loads plugins
+# from entry points only (in every Ray process), it loads the reward file lazily (at the first finished
+# rollout), and the tool's sandbox mode must be able to run here.
+python - <<'PY' || exit 1
+import os, sys
 from importlib.metadata import entry_points
-assert any(e.value == "trace_rl.integrations.verl.plugin" for e in entry_points(group="verl.plugins")), \
-    "trace-rl is installed without its verl.plugins entry point (pip install -e . from the repository)"
+def refuse(msg):
+    sys.exit(f"run_trace_qwen3.sh: {msg}")
+if not any(e.value == "trace_rl.integrations.verl.plugin" for e in entry_points(group="verl.plugins")):
+    refuse("trace-rl is installed without its verl.plugins entry point (pip install -e . from the repository)")
+try:
+    import math_verify  # noqa: F401  (examples/verl/reward.py grades with it)
+except ImportError:
+    refuse("the reward needs math-verify: pip install 'math-verify>=0.7'")
+from trace_rl.envs.sandbox import SandboxUnavailable, require
+try:
+    require(os.environ["TRACE_SANDBOX"])
+except (SandboxUnavailable, ValueError) as err:
+    refuse(f"TRACE_SANDBOX={os.environ['TRACE_SANDBOX']}: {err}")
 import verl  # noqa: F401  (loads the plugin)
 from trace_rl.integrations.verl.plugin import REGISTERED
-print("trace plugin:", REGISTERED)
+print("trace plugin:", REGISTERED, "| sandbox:", os.environ["TRACE_SANDBOX"])
 PY
 
 python -m verl.trainer.main_ppo \
@@ -45,6 +64,9 @@ python -m verl.trainer.main_ppo \
   actor_rollout_ref.model.path="$MODEL" \
   actor_rollout_ref.actor.optim.lr=1e-6 \
   actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
   actor_rollout_ref.actor.loss_agg_mode=token-mean \
   actor_rollout_ref.actor.use_kl_loss=False \
   actor_rollout_ref.rollout.name=vllm \

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from trace_rl.backends.base import SamplingParams
-from trace_rl.backends.openai_server import OpenAIServerBackend, ServerError
+from trace_rl.backends.openai_server import OpenAIServerBackend, ServerError, ServerUnsupported
 
 EOS = 3
 
@@ -41,6 +41,9 @@ class Stub:
             def log_message(self, *args):
                 pass
 
+            def do_GET(self):  # /v1/models, which the command line's config check reads
+                self._send(200, {"object": "list", "data": [{"id": "random-tiny", "object": "model"}]})
+
             def do_POST(self):
                 stub.hits += 1
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -52,6 +55,12 @@ class Stub:
                     )
                 if self.path == "/reset_prefix_cache":
                     return self._send(200, {})
+                if stub.mode == "hf-serve":  # as `transformers serve` answered on this machine
+                    extra = {"return_token_ids", "return_tokens_as_token_ids", "include_stop_str_in_output"} & set(body)
+                    if extra:
+                        return self._send(422, {"detail": f"Unexpected fields in the request: {sorted(extra)}"})
+                    if not isinstance(body["prompt"], str):
+                        return self._send(400, {"error": {"message": "prompt must be a string."}})
                 ids, lps, reason = sample(body["prompt"], body["seed"], body["max_tokens"])
                 text = "".join(chr(t + 50) for t in ids if t != EOS)
                 tokens = [f"token_id:{t}" if stub.mode == "strings" else chr(t + 50) for t in ids]
@@ -61,6 +70,8 @@ class Stub:
                     "finish_reason": reason,
                     "logprobs": {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None},
                 }
+                if stub.mode == "no-logprobs":
+                    choice["logprobs"] = None
                 if stub.mode == "ids":
                     choice["token_ids"] = ids
                 usage = {
@@ -116,7 +127,8 @@ PROMPTS = [[5, 6, 7, 8, 9], [5, 6, 7], [1, 2]]
 @pytest.mark.parametrize("mode", ["ids", "strings", "text"])
 def test_ids_and_logprobs_round_trip(stub, mode):
     stub.mode = mode
-    be = make(stub.url)
+    be = make(stub.url, retokenize=mode == "text")
+    be.probe()
     gens = be.generate(PROMPTS, PARAMS, seeds=[10, 11, 12])
     for p, s, g in zip(PROMPTS, [10, 11, 12], gens):
         ids, lps, reason = sample(p, s, 6)
@@ -207,7 +219,7 @@ def test_agenerate_inside_an_event_loop(stub):
 
 
 def test_mismatched_retokenisation_and_missing_logprobs_are_errors():
-    be = make("http://127.0.0.1:9")
+    be = make("http://127.0.0.1:9", retokenize=True)
     reply = {
         "choices": [{"text": "AB", "finish_reason": "length", "logprobs": {"tokens": ["AB"], "token_logprobs": [-0.1]}}]
     }
@@ -226,3 +238,54 @@ def test_weights_cannot_be_pushed_but_a_version_bump_resets_the_server_cache(stu
     assert be.weight_version == 0
     assert be.update_weights() == 1 and stub.bodies[-1][0] == "/reset_prefix_cache"
     be.close()
+
+
+@pytest.mark.parametrize(
+    "mode, kw, lacks",
+    [
+        ("hf-serve", {}, "rejects vLLM's token-id request fields"),
+        ("hf-serve", {"vllm_extensions": False}, "does not accept a prompt of token ids"),
+        ("no-logprobs", {}, "returns no log-probs"),
+        ("text", {}, "returns no sampled token ids"),
+    ],
+)
+def test_a_server_without_the_token_id_protocol_is_refused_at_start_up_in_one_line(stub, mode, kw, lacks):
+    stub.mode = mode
+    be = make(stub.url, **kw)
+    with pytest.raises(ServerUnsupported, match=lacks) as err:
+        be.probe()
+    assert "\n" not in str(err.value) and stub.url in str(err.value)
+    assert stub.hits == 1  # probed once, no retry on a 4xx
+    be.close()
+
+
+def test_a_text_only_server_is_refused_at_run_time_too_unless_retokenising_was_chosen(stub):
+    stub.mode = "text"
+    be = make(stub.url)
+    with pytest.raises(ServerError, match="no sampled token ids"):
+        be.generate(PROMPTS[:1], PARAMS, seeds=[10])
+    be.close()
+
+
+def test_an_unreachable_server_is_refused_in_one_line():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    be = make(f"http://127.0.0.1:{port}", max_retries=1)
+    with pytest.raises(ServerUnsupported, match="cannot be reached") as err:
+        be.probe()
+    assert "\n" not in str(err.value)
+    be.close()
+
+
+def test_the_command_line_refuses_a_server_without_token_ids_before_any_work(stub, tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from trace_rl.cli import main
+
+    stub.mode = "hf-serve"
+    out = tmp_path / "run"
+    args = ["policy.backend=server", f"policy.server_url={stub.url}", "policy.model=random-tiny", f"out={out}"]
+    assert main(["rollout", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rejects vLLM's token-id request fields" in err[0], err
+    assert stub.hits == 1 and not list(out.glob("**/*.jsonl"))  # probed once; nothing was rolled out

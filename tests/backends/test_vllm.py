@@ -145,8 +145,14 @@ class FakeEngine:
 
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.rpcs.append((method, args))
-        worker = type("Worker", (WorkerWeightLoader,), {})()
-        worker.model_runner = types.SimpleNamespace(model=self.model)
+        model = self.model
+
+        class Worker(WorkerWeightLoader):  # vLLM's Worker.reload_weights: in place, checkpoint names
+            def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+                assert is_checkpoint_format and weights_path is None
+                model.load_weights(weights_iterator)
+
+        worker = Worker()
         return [getattr(worker, method)(*args, **(kwargs or {}))]
 
 

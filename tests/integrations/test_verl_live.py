@@ -11,7 +11,6 @@ predictor steps on verl's nested tensors, and verl's plugin loader on our entry 
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -32,6 +31,7 @@ from verl.tools.function_tool import FunctionTool  # noqa: E402
 from verl.tools.schemas import OpenAIFunctionToolSchema  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+from verl_launch import launch_overrides  # noqa: E402
 
 from trace_rl.integrations.verl import manager as manager_mod  # noqa: E402
 from trace_rl.integrations.verl import trainer as trainer_mod  # noqa: E402
@@ -307,7 +307,9 @@ def test_trainer_overwrites_tree_rows_and_updates_the_predictor(monkeypatch, tre
     t = object.__new__(trainer_mod.TraceTrainer)
     t.trace, t.predictor, t._step_trees, t.global_steps = TraceSettings(), build_predictor("light_text"), [], 1
     metrics = {}
+    monkeypatch.setenv("TRACE_SANDBOX", "weak")  # the weaker tool mode, chosen explicitly, shows in the metrics
     t._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics)
+    assert metrics["trace/sandbox_weak"] == 1.0
     recs = [store[k]["extra_fields"]["trace"] for k in keys[:-1]]
     rewards = [float(store[k]["rm_scores"].sum()) for k in keys[:-1]]
     want, _ = token_advantages(recs, rewards, [len(store[k]["response_mask"]) for k in keys[:-1]])
@@ -379,33 +381,37 @@ def test_verl_loads_the_plugin_from_its_entry_point(tmp_path):
     assert result(off) == [False, False, False, False]  # the same check fails without the plugin
 
 
+def launch_config():
+    """verl 0.9.1's trainer config composed with examples/verl/run_trace_qwen3.sh's overrides (as main_ppo does)."""
+    from hydra import compose, initialize_config_module
+
+    import trace_rl.integrations.verl.plugin  # noqa: F401  (what the entry point loads)
+
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(config_name="ppo_trainer", overrides=launch_overrides())
+
+
+def test_the_launch_script_passes_verls_own_validate_config():
+    """What main_ppo runs before Ray starts: verl's validate_config on the composed launch config."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    cfg = launch_config()
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    # and it is verl's check that runs, not a formality: without a micro-batch size it refuses, as it did
+    cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu = None
+    with pytest.raises(ValueError, match="log_prob_micro_batch_size"):
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
 def test_the_launch_script_overrides_compose_against_verls_config():
     """Every override of examples/verl/run_trace_qwen3.sh names a key of verl 0.9.1's trainer config (or adds
     the trace_rl block), and what it names (trainer mode, manager class, agent loop) resolves."""
-    from hydra import compose, initialize_config_module
     from verl.utils.import_utils import load_class_from_fqn
 
-    import trace_rl.integrations.verl.plugin  # noqa: F401  (what the entry point loads)
     from trace_rl.integrations.verl.budgets import CONFIG_KEY, TraceSettings
 
-    script = (SRC.parent / "examples" / "verl" / "run_trace_qwen3.sh").read_text()
-    body = script.split("python -m verl.trainer.main_ppo \\\n", 1)[1].split('"$@"')[0]
-    subst = {
-        "$TRAIN_FILES": "train.parquet",
-        "$VAL_FILES": "val.parquet",
-        "$MODEL": "Qwen/Qwen3-4B",
-        "$HERE": "/x",
-        '"': "",
-    }
-    overrides = []
-    for line in body.splitlines():
-        line = re.sub(r"\$\(basename [^)]*\)", "Qwen3-4B", line.strip().rstrip("\\").strip())
-        for k, v in subst.items():
-            line = line.replace(k, v)
-        if line:
-            overrides.append(line.replace("'", ""))
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    cfg = launch_config()
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
     from verl.trainer.ppo.v1 import get_trainer_cls
 
@@ -429,3 +435,37 @@ def test_manager_constructor_installs_the_tree_worker_and_refuses_unbatchable_bu
     cfg.data.train_batch_size = 3
     with pytest.raises(ValueError, match="divide"):
         manager_mod.TraceAgentLoopManager(cfg, llm_client=None)
+
+
+def test_the_example_tool_refuses_at_load_where_its_sandbox_cannot_run(monkeypatch):
+    """verl loads function_tool_path with its own loader; a strict sandbox that cannot run stops the load in one
+    line (never a tool whose every call fails while training goes on); weak mode, chosen by name, loads."""
+    from verl.tools.function_tool import load_function_tools_from_path
+
+    from trace_rl.envs import sandbox
+
+    path = str(SRC.parent / "examples" / "verl" / "python_tool.py")
+    monkeypatch.setattr(sandbox, "strict_unavailable", lambda: "bubblewrap (bwrap) is not installed")
+    monkeypatch.setenv("TRACE_SANDBOX", "strict")
+    with pytest.raises(sandbox.SandboxUnavailable, match="bwrap") as err:
+        load_function_tools_from_path(path)
+    assert "\n" not in str(err.value)
+    monkeypatch.setenv("TRACE_SANDBOX", "sloppy")
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        load_function_tools_from_path(path)
+    monkeypatch.setenv("TRACE_SANDBOX", "weak")
+    monkeypatch.setattr(sandbox, "_warned_weak", False)
+    with pytest.warns(RuntimeWarning, match="weak"):
+        tools = load_function_tools_from_path(path)
+    assert [t.name for t in tools] == ["python"]
+
+
+def test_the_example_reward_loads_and_grades():
+    """verl loads the reward file lazily (at the first finished rollout): its imports must be installed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trace_reward", SRC.parent / "examples" / "verl" / "reward.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.compute_score("math", "so the answer is \\boxed{12}", "12") == 1.0
+    assert mod.compute_score("math", "\\boxed{3}", "4") == 0.0

@@ -1,15 +1,20 @@
-"""OpenAI-compatible server backend: a vLLM or SGLang server's `/v1/completions`, token ids in and out.
+"""OpenAI-compatible server backend: a vLLM server's `/v1/completions`, token ids in and out.
 
 Each row is one POST with `prompt` as a list of token ids and the row's own `seed` (a batched prompt list
 would share one seed), sent from a thread pool so rows run concurrently and the server batches them. The
-sampled ids come back, in order of preference, from `choices[0].token_ids` (vLLM's `return_token_ids`),
-from `logprobs.tokens` written as "token_id:123" (vLLM's `return_tokens_as_token_ids`), or, when the server
-returns neither (SGLang, other servers), from re-tokenising the returned text with the given tokenizer.
-That fallback is lossy: text does not always re-tokenise to the ids that were sampled, so a count that
-disagrees with the returned log-probs is an error, except for the one case it can resolve (a row that
-stopped on EOS, whose token the text leaves out). Log-probs are `logprobs.token_logprobs` (`logprobs: 1`);
-a server that returns none is an error, since the trainer's importance ratio needs them. Start vLLM with
-`--logprobs-mode processed_logprobs` so they include temperature (see vllm.py).
+sampled ids come back from `choices[0].token_ids` (vLLM's `return_token_ids`) or from `logprobs.tokens`
+written as "token_id:123" (vLLM's `return_tokens_as_token_ids`). Log-probs are `logprobs.token_logprobs`
+(`logprobs: 1`); a server that returns none is an error, since the trainer's importance ratio needs them.
+Start vLLM with `--logprobs-mode processed_logprobs` so they include temperature (see vllm.py).
+
+Servers without that protocol are refused at start-up: `probe()` sends one token-id request and raises
+`ServerUnsupported` with one line naming what the server lacks (found on this machine: `transformers serve`
+answers HTTP 422 to vLLM's extra fields and, without them, HTTP 400 "prompt must be a string" to a token-id
+prompt, and ignores `logprobs`). A server that takes token-id prompts and returns log-probs but not the
+sampled ids (SGLang and others) is refused too, unless `retokenize=True` is chosen explicitly: the ids are then
+re-tokenised from the returned text, which is lossy (text does not always re-tokenise to the sampled ids); a
+count that disagrees with the log-probs is an error, except a row that stopped on EOS (its token is added
+back), and the per-token pairing of ids and log-probs is unverifiable (`stats["retokenized"]` counts rows).
 
 Connection errors, timeouts, 429 and 5xx are retried with exponential backoff (bounded: `max_retries`);
 any other 4xx fails at once with one line naming the status and the server's message. Standard library only
@@ -67,6 +72,10 @@ def _server_message(raw: bytes) -> str:
     return _one_line(text)
 
 
+class ServerUnsupported(ValueError):
+    """The server lacks part of the token-id protocol (found by `probe()` before any work starts)."""
+
+
 class OpenAIServerBackend(VersionedBackend):
     def __init__(
         self,
@@ -81,6 +90,7 @@ class OpenAIServerBackend(VersionedBackend):
         workers: int = 64,
         reset_path: str | None = None,
         vllm_extensions: bool = True,
+        retokenize: bool = False,
         sleep: Callable[[float], None] = time.sleep,
     ):
         if not base_url.startswith(("http://", "https://")):
@@ -92,6 +102,7 @@ class OpenAIServerBackend(VersionedBackend):
         self.api_key, self.timeout = api_key, timeout
         self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
         self.reset_path, self.vllm_extensions, self.sleep = reset_path, vllm_extensions, sleep
+        self.retokenize = retokenize
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="trace-openai")
         self.stats = {"requests": 0, "retries": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "retokenized": 0}
 
@@ -164,6 +175,12 @@ class OpenAIServerBackend(VersionedBackend):
             ids = [int(t) for t in choice["token_ids"]]
         elif tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
             ids = [int(t.split(":", 1)[1]) for t in tokens]
+        elif not self.retokenize:
+            raise ServerError(
+                "the server returned no sampled token ids (vLLM: return_token_ids); re-tokenising its text is "
+                "lossy and only done with retokenize=True",
+                200,
+            )
         else:
             ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
             self.stats["retokenized"] += 1
@@ -187,6 +204,36 @@ class OpenAIServerBackend(VersionedBackend):
         reply = self.post("/v1/completions", self.request_body(prompt, params, seed))
         self.stats["requests"] += 1
         return self.to_generation(reply, len(prompt))
+
+    def probe(self) -> None:
+        """One token-id request (2 tokens): raise `ServerUnsupported`, one line, if the server cannot serve the
+        protocol (unreachable, no token-id prompts, no log-probs, no sampled ids). Call before any work."""
+        prompt = list(self.tokenizer("Hello", add_special_tokens=False).input_ids)[:4] or [0]
+        where = f"server {self.base_url} (model {self.model!r})"
+        try:
+            reply = self.post("/v1/completions", self.request_body(prompt, SamplingParams(max_new_tokens=2), 0))
+        except ConnectionError as err:
+            raise ServerUnsupported(f"{where} cannot be reached: {err}") from None
+        except ServerError as err:
+            lacks = {
+                422: "rejects vLLM's token-id request fields (return_token_ids, return_tokens_as_token_ids)",
+                400: "does not accept a prompt of token ids",
+                404: "has no /v1/completions for this model",
+            }.get(err.status, "failed a token-id completion request")
+            raise ServerUnsupported(f"{where} {lacks}; trace-rl needs token ids in and out ({err})") from None
+        choice = (reply.get("choices") or [None])[0] if isinstance(reply, dict) else None
+        lp = (choice or {}).get("logprobs") or {}
+        if not lp.get("token_logprobs"):
+            raise ServerUnsupported(f"{where} returns no log-probs for sampled tokens (asked with logprobs: 1)")
+        tokens = lp.get("tokens") or []
+        has_ids = choice.get("token_ids") is not None or (
+            bool(tokens) and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens)
+        )
+        if not has_ids and not self.retokenize:
+            raise ServerUnsupported(
+                f"{where} returns no sampled token ids (vLLM: return_token_ids); pass retokenize=True to accept "
+                "ids re-tokenised from its text (lossy)"
+            )
 
     # -- protocol -----------------------------------------------------------------------------------
     def _futures(self, prompts, params, seed, seeds):

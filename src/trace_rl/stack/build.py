@@ -107,7 +107,13 @@ def build_policy(cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, 
         if model is not None:
             raise ConfigError("backend: a server's weights cannot be updated from here; train with hf or vllm")
         tok = tokenizer or load_tokenizer(cfg.model)
-        return PolicyStack(OpenAIServerBackend(cfg.server_url, cfg.model, tok), tok, None, shares_model=False)
+        backend = OpenAIServerBackend(cfg.server_url, cfg.model, tok)
+        try:  # one request: a server without token ids in and out is refused here, in one line
+            backend.probe()
+        except ValueError as err:
+            backend.close()
+            raise ConfigError(f"policy.server_url: {err}") from None
+        return PolicyStack(backend, tok, None, shares_model=False)
     raise ConfigError(f"backend: unknown {cfg.backend!r}")
 
 

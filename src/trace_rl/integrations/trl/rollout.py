@@ -22,6 +22,8 @@ Limits:
   gradient. Use a loss that sums tokens (`loss_type="dapo"` or `"bnpo"`) so a shared node counts once.
 - Each process grows and trains its own predictor on its own slice (no cross-process sync).
 - Generation uses this project's backends (the HF backend on the trainer's model by default), not TRL's vLLM.
+- Evaluation (`trainer.evaluate()`, model in eval mode) is plain: G independent rollouts per eval prompt, in
+  prompt order, no allocation, no branching, and no predictor update (eval prompts must not train it).
 """
 
 from __future__ import annotations
@@ -103,18 +105,23 @@ class TraceRolloutFunc:
                     "rollout_func expects each prompt repeated num_generations times in a row (TRL's RepeatSampler)"
                 )
         tasks = [self.task_from_prompt(p) if self.task_from_prompt else p for p in unique]
+        training = bool(trainer.model.training)
+        # evaluation: GRPO's uniform plan (g bare rollouts per prompt), no branching, predictor left as it was
+        method = self.method if training else get_method("grpo")
         plan = BudgetPlan(
             prompts=len(tasks),
             rollouts_per_prompt=g,
             pool_factor=1,
             max_per_prompt=self.max_per_prompt,
-            branch_factor=self.branch_factor if self.method.branches else 0,
+            branch_factor=self.branch_factor if method.branches else 0,
         )
         actor = LMActor(self._policy(trainer), self.env_factory, self.params)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
-        result = TreeRolloutEngine(actor, self.predictor, plan, seed=self.seed).grow(tasks, self.method, step)
+        engine = TreeRolloutEngine(actor, self.predictor, plan, seed=self.seed, update_predictor=training)
+        result = engine.grow(tasks, method, step)
         self.last_result = result
-        return self.rows_to_output(batch_rows(result.active, self.estimator, self.weighting), len(prompts))
+        estimator = self.estimator if training else method.advantage
+        return self.rows_to_output(batch_rows(result.active, estimator, self.weighting), len(prompts))
 
     def rows_to_output(self, rows: list[PathRow], total: int) -> dict[str, list]:
         """TRL's output dict for `rows`, topped up with filler rows (mask 0, advantage 0) to `total` rows."""

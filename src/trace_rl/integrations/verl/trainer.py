@@ -7,12 +7,18 @@ shared-prefix tokens weighted 1/leaves). `on_step_end` updates weights as verl's
 the shared predictor on the step's trees (roots and branched anchors, `training_examples`), which the
 manager sends to the workers before the next batch.
 
+The example's python tool (examples/verl/python_tool.py) takes its sandbox mode from TRACE_SANDBOX; every step's
+metrics carry `trace/sandbox_weak` (1 when the weaker in-process mode was chosen), read from the same variable
+in this process (Ray's local workers inherit the driver's environment; set it in `runtime_env` otherwise).
+
 Limits: KL-in-reward (`algorithm.use_kl_in_reward`) is refused, because the tree estimators read one scalar
 reward per leaf; KL as a loss term works. Use `actor.loss_agg_mode=token-mean` so that a shared node's
 split weights add up to one count (see `integrations.rows`).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import torch
@@ -51,6 +57,7 @@ class TraceTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_advantage(batch, metrics)
+        metrics["trace/sandbox_weak"] = float(os.environ.get("TRACE_SANDBOX", "strict") == "weak")
         data = tq.kv_batch_get(
             keys=batch.keys,
             partition_id=batch.partition_id,
