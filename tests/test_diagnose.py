@@ -94,3 +94,37 @@ def test_diagnose_reads_a_multi_seed_run(tmp_path):
     assert (tmp_path / SPEARMAN_PNG).is_file()
     with pytest.raises(FileNotFoundError):
         diagnose(tmp_path / "nope")
+
+
+def test_flip_calibration_of_chosen_prefixes_by_hand():
+    from trace_rl.predictors.diagnostics import flip_rows
+
+    recs = [
+        {"depth": 0, "predicted": 0.5, "target": 0.5},
+        # depth 1: after a success the flip probability is 1 - V~ = 0.25 (2 continuations, 1 flip)
+        {"depth": 1, "predicted": 0.75, "target": 0.5, "bare_reward": 1.0, "continuations": 2, "flips": 1},
+        # depth 2: after a failure it is V~ = 0.5 (1 continuation, no flip)
+        {"depth": 2, "predicted": 0.5, "target": 0.0, "bare_reward": 0.0, "continuations": 1, "flips": 0},
+        {"depth": 2, "predicted": 0.9, "target": 1.0},  # scored, not chosen
+    ]
+    rows = flip_rows(recs, max_depth=2)
+    assert rows["1"] == {"chosen": 1, "continuations": 2, "pred_flip": 0.25, "real_flip": 0.5}
+    assert rows["2+"]["pred_flip"] == 0.5 and rows["2+"]["real_flip"] == 0.0
+    assert rows["prefixes"]["pred_flip"] == pytest.approx((0.25 * 2 + 0.5) / 3)
+    assert rows["prefixes"]["real_flip"] == pytest.approx(1 / 3)
+
+
+def test_node_records_mark_chosen_prefixes_with_their_flips():
+    from trace_rl.predictors.diagnostics import node_records
+    from trace_rl.tree import BRANCH, RolloutTree
+
+    t = RolloutTree(0)
+    a = t.add_turn(t.root_id, predicted=0.7)
+    t.add_turn(a.node_id, terminal=True, reward=1.0)  # the bare rollout succeeds
+    t.add_turn(a.node_id, terminal=True, reward=0.0, origin=BRANCH)  # a continuation from a flips
+    t.add_turn(a.node_id, terminal=True, reward=1.0, origin=BRANCH)
+    t.root.predicted = 0.6
+    t.compute_targets()
+    recs = {r["depth"]: r for r in node_records([t])}
+    assert recs[1]["continuations"] == 2 and recs[1]["flips"] == 1 and recs[1]["bare_reward"] == 1.0
+    assert "continuations" not in recs[0]
