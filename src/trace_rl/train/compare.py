@@ -245,7 +245,8 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             m, lo, hi = paired_bootstrap_ci(ours, theirs)
             row["diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
             base_er = float(np.mean(_per_run_mean([base[s["seed"]] for s in paired], "rollout/effective_ratio")))
-            row["er_vs_grpo"] = float(np.mean([e for e, s in zip(er, seeds) if s["seed"] in base])) / base_er
+            ours_er = float(np.mean([e for e, s in zip(er, seeds) if s["seed"] in base]))
+            row["er_vs_grpo"] = ours_er / base_er if base_er else math.nan
             for cost in ("rollouts", "tokens"):
                 m, lo, hi, n = cost_to_target_ci([curves(s)[cost] for s in paired], theirs)
                 row[f"{cost}_to_grpo_final"] = {"mean": m, "lo": lo, "hi": hi, "reached": n, "seeds": len(paired)}
@@ -282,7 +283,7 @@ def format_compare(rows: list[dict]) -> str:
                 "rollouts_to_grpo_final": _fmt_ci(reach, digits=0) if reach and reach["reached"] else "-",
                 "tokens_to_grpo_final": _fmt_ci(r.get("tokens_to_grpo_final"), digits=0) if reach else "-",
                 "effective_ratio": _fmt_ci(r["effective_ratio"]),
-                "er_vs_grpo": f"{r['er_vs_grpo']:.2f}" if "er_vs_grpo" in r else "-",
+                "er_vs_grpo": f"{r['er_vs_grpo']:.2f}" if not math.isnan(r.get("er_vs_grpo", math.nan)) else "-",
                 "groups_per_1k": f"{r['groups_per_1k']['mean']:.0f}",
                 "nonzero_adv_tokens": f"{r['adv_nonzero_token_share']['mean']:.3f}",
                 "grad_norm": f"{r['grad_norm']['mean']:.3f}",
