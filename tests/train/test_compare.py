@@ -154,3 +154,15 @@ def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_pat
     changed = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4, eval_tasks=9))
     with pytest.raises(ValueError, match="other settings.*eval_tasks"):
         cmp.run_compare(changed)
+
+
+def test_standard_errors_of_an_evaluation_by_hand():
+    from trace_rl.train.trainer import accuracy_se
+
+    # task 0: 2 of 2 correct, task 1: 1 of 2, task 2: 0 of 2 -> per-task means 1, 0.5, 0
+    results = [{"index": i, "score": s} for i, scores in enumerate([(1, 1), (1, 0), (0, 0)]) for s in scores]
+    over_tasks, sampling = accuracy_se(results, 3)
+    assert over_tasks == pytest.approx(0.5 / math.sqrt(3))  # std(1, 0.5, 0) = 0.5
+    # sampling: only task 1 varies, c (S - c) / (S^2 (S - 1)) = 1 / 4 -> sqrt(1/4) / 3
+    assert sampling == pytest.approx(0.5 / 3)
+    assert math.isnan(accuracy_se([{"index": 0, "score": 1}, {"index": 1, "score": 0}], 2)[1])

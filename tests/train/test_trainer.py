@@ -125,7 +125,8 @@ def test_the_start_the_standard_error_and_the_predictions_are_logged(tmp_path):
     assert main(["train", *SMALL, "steps=2", "method=trace", f"out={out}"]) == 0
     recs = records(out)
     assert "eval/accuracy_before" in recs[0] and "eval/accuracy_before" not in recs[1]
-    assert all(r["eval/accuracy_se"] >= 0 for r in recs)
+    assert all(r["eval/accuracy_se"] >= 0 and r["eval/accuracy_se_sampling"] >= 0 for r in recs)
+    assert "eval/before_accuracy_se" in recs[0]
     for key in ("train/adv_nonzero_token_share", "train/update_kl", "train/adv_abs", "train/grad_norm"):
         assert key in recs[0], key
     summary = json.loads((out / "train_summary.json").read_text())

@@ -226,6 +226,7 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             "acc_after": _ci([s["accuracy_after"] for s in seeds]),
             "gain": _ci([s["accuracy_after"] - s["accuracy_before"] for s in seeds]),
             "eval_se": float(np.mean([s.get("accuracy_se") or math.nan for s in seeds])),
+            "eval_se_sampling": float(np.mean([s.get("accuracy_se_sampling") or math.nan for s in seeds])),
             "effective_ratio": _ci(er),
             "groups_per_1k": _ci(groups),
             "adv_nonzero_token_share": _ci(_per_run_mean(seeds, "train/adv_nonzero_token_share")),
@@ -293,13 +294,14 @@ def format_compare(rows: list[dict]) -> str:
                 "wall_s": f"{r['wall_s']:.0f}",
             }
         )
-    se = [r["eval_se"] for r in rows if not math.isnan(r["eval_se"])]
     note = (
         "mean [95% interval] over seeds; after_vs_grpo: paired bootstrap over common seeds; "
         "*_to_grpo_final: first crossing of GRPO's final accuracy on the same seed (seeds reached/seeds)"
     )
-    if se:
-        note += f"; evaluation standard error {np.mean(se):.3f}"
+    for key, what in (("eval_se", "over tasks"), ("eval_se_sampling", "of the sampling on the held-out set")):
+        se = [r[key] for r in rows if not math.isnan(r.get(key, math.nan))]
+        if se:
+            note += f"\nstandard error of one final evaluation, {what}: {np.mean(se):.3f}"
     return note + "\n" + format_table(cells)
 
 

@@ -11,11 +11,10 @@ backend's caches are emptied at the start of each step, so the steps after a res
 uninterrupted run (all but timing).
 
 What a paired comparison reads (`trace-rl compare`): the accuracy before training goes into the first step's
-record (`eval/accuracy_before`, so plots start at 0 rollouts) and the summary; every evaluation also logs its
-standard error over tasks (`eval/accuracy_se`: the spread of per-task success over the held-out tasks, which
-counts both the draw of tasks and the sampling); the summary holds digests of the held-out tasks and of the
-training pools, which depend on the seed only, so runs of different methods on one seed can be checked to
-share them. Each step appends the predictor's scored nodes to predictions.jsonl (`trace-rl diagnose`).
+record (`eval/accuracy_before`, so plots start at 0 rollouts) and the summary; every evaluation also logs two
+standard errors (`accuracy_se`), over tasks and of the sampling alone on the fixed held-out set; the summary
+holds digests of the held-out tasks and of the training pools, which depend on the seed only, so runs of
+different methods on one seed can be checked to share them. Each step appends the predictor's scored nodes to predictions.jsonl (`trace-rl diagnose`).
 """
 
 from __future__ import annotations
@@ -129,15 +128,24 @@ def task_digest(tasks: list[dict], previous: str = "") -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def accuracy_se(results: list[dict], tasks: int) -> float:
-    """Standard error of the accuracy over tasks: std of the per-task mean score / sqrt(tasks)."""
+def accuracy_se(results: list[dict], tasks: int) -> tuple[float, float]:
+    """Two standard errors of the held-out accuracy (mean success over tasks and samples):
+    over tasks, std of the per-task mean / sqrt(tasks), which counts the draw of the tasks and the sampling;
+    and of the sampling alone on this fixed task set, sqrt(sum_t c_t (S - c_t) / (S^2 (S - 1))) / tasks with
+    c_t successes in S samples (unbiased per-task variance; nan with one sample). Runs that share the held-out
+    set (one seed, several methods; before and after) differ by the second, not the first."""
     import numpy as np
 
     per_task: dict[int, list[float]] = {}
     for r in results:
         per_task.setdefault(r["index"], []).append(float(r["score"] > 0.5))
     means = np.array([np.mean(v) for v in per_task.values()])
-    return float(means.std(ddof=1) / np.sqrt(tasks)) if tasks > 1 else float("nan")
+    over_tasks = float(means.std(ddof=1) / np.sqrt(tasks)) if tasks > 1 else float("nan")
+    s = min(len(v) for v in per_task.values()) if per_task else 0
+    if s < 2:
+        return over_tasks, float("nan")
+    c = np.array([sum(v) for v in per_task.values()])
+    return over_tasks, float(np.sqrt(np.sum(c * (s - c) / (s * s * (s - 1)))) / tasks)
 
 
 def evaluate_policy(cfg: TrainConfig, backend, spec, tasks, params, step: int) -> dict:
@@ -157,9 +165,11 @@ def evaluate_policy(cfg: TrainConfig, backend, spec, tasks, params, step: int) -
         progress=cfg.progress,
         results=samples,
     )
+    se_tasks, se_sampling = accuracy_se(samples, len(tasks))
     return {
         "accuracy": res["pass@1"],
-        "accuracy_se": accuracy_se(samples, len(tasks)),
+        "accuracy_se": se_tasks,
+        "accuracy_se_sampling": se_sampling,
         f"pass@{cfg.eval_samples}": res[f"pass@{cfg.eval_samples}"],
     }
 
@@ -247,7 +257,8 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
         before = evaluate_policy(cfg, backend, spec, held_out, params, 0)
         state["accuracy_before"] = before["accuracy"]
         print(
-            f"held-out accuracy before training: {before['accuracy']:.3f} (standard error {before['accuracy_se']:.3f})",
+            f"held-out accuracy before training: {before['accuracy']:.3f} (standard error over tasks "
+            f"{before['accuracy_se']:.3f}, of the sampling on these tasks {before['accuracy_se_sampling']:.3f})",
             file=sys.stderr,
         )
     record = {}
@@ -272,7 +283,7 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
             state["rollouts"] += result.rollouts
             rec.train["rollouts_total"] = state["rollouts"]
             if step == 0 and before:  # the start of every accuracy curve: 0 rollouts
-                rec.eval.update({"accuracy_before": before["accuracy"], "accuracy_before_se": before["accuracy_se"]})
+                rec.eval.update({f"{k}_before" if k == "accuracy" else f"before_{k}": v for k, v in before.items()})
             write_predictions(out, result, step, start)
             last = step == cfg.steps - 1
             if (step + 1) % cfg.eval_every == 0 or last:
@@ -294,6 +305,7 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
         "accuracy_before": state.get("accuracy_before"),
         "accuracy_after": record.get("eval/accuracy"),
         "accuracy_se": record.get("eval/accuracy_se"),
+        "accuracy_se_sampling": record.get("eval/accuracy_se_sampling"),
         "rollouts": state["rollouts"],
         "held_out_digest": state["held_out_digest"],
         "pools_digest": state.get("pools_digest", ""),
