@@ -14,7 +14,8 @@ What a paired comparison reads (`trace-rl compare`): the accuracy before trainin
 record (`eval/accuracy_before`, so plots start at 0 rollouts) and the summary; every evaluation also logs two
 standard errors (`accuracy_se`), over tasks and of the sampling alone on the fixed held-out set; the summary
 holds digests of the held-out tasks and of the training pools, which depend on the seed only, so runs of
-different methods on one seed can be checked to share them. Each step appends the predictor's scored nodes to predictions.jsonl (`trace-rl diagnose`).
+different methods on one seed can be checked to share them. Each step appends the predictor's scored nodes to
+predictions.jsonl (`trace-rl diagnose`).
 """
 
 from __future__ import annotations
