@@ -128,3 +128,12 @@ def test_node_records_mark_chosen_prefixes_with_their_flips():
     recs = {r["depth"]: r for r in node_records([t])}
     assert recs[1]["continuations"] == 2 and recs[1]["flips"] == 1 and recs[1]["bare_reward"] == 1.0
     assert "continuations" not in recs[0]
+
+
+def test_diagnose_reads_a_compare_directory_per_method_directory(tmp_path):
+    rng = np.random.default_rng(2)
+    for method in ("trace", "trace_adv-grpo"):
+        for seed in (0, 1):
+            _write(tmp_path / method / f"seed{seed}" / "predictions.jsonl", _records(80, rng))  # records say "trace"
+    tables = diagnose(tmp_path, max_depth=2)
+    assert sorted(tables) == ["trace", "trace_adv-grpo"] and tables["trace"][0]["n"] == 40
