@@ -154,6 +154,9 @@ def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_pat
     changed = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4, eval_tasks=9))
     with pytest.raises(ValueError, match="other settings.*eval_tasks"):
         cmp.run_compare(changed)
+    (tmp_path / "grpo" / "seed0" / "run_settings.json").unlink()  # seed 0 trains anew; seed 1 is still refused
+    with pytest.raises(ValueError, match="seed1 holds a run with other settings"):
+        cmp.run_compare(changed)
 
 
 def test_standard_errors_of_an_evaluation_by_hand():

@@ -115,13 +115,18 @@ def _finished(run: Path, cfg: TrainConfig) -> bool:
     return summary.exists() and json.loads(summary.read_text()).get("steps") == cfg.steps
 
 
-def run_one(cfg: CompareConfig, spec: str, seed: int) -> Path:
-    """Train (or resume, or just find) one method's run on one seed; returns its directory."""
+def _run_config(cfg: CompareConfig, spec: str, seed: int) -> TrainConfig:
     name, advantage = parse_method(spec)
     run_cfg = copy.deepcopy(cfg.train)
     run_cfg.method, run_cfg.advantage, run_cfg.seed = name, advantage or cfg.train.advantage, seed
-    run = Path(cfg.out) / run_dir_name(spec) / f"seed{seed}"
-    run_cfg.out, run_cfg.resume = str(run), True
+    run_cfg.out, run_cfg.resume = str(Path(cfg.out) / run_dir_name(spec) / f"seed{seed}"), True
+    return run_cfg
+
+
+def run_one(cfg: CompareConfig, spec: str, seed: int) -> Path:
+    """Train (or resume, or just find) one method's run on one seed; returns its directory."""
+    run_cfg = _run_config(cfg, spec, seed)
+    run = Path(run_cfg.out)
     if _finished(run, run_cfg):
         print(f"== {spec}, seed {seed}: finished, read from {run}", file=sys.stderr)
         return run
@@ -132,13 +137,16 @@ def run_one(cfg: CompareConfig, spec: str, seed: int) -> Path:
     return run
 
 
-def load_runs(out: Path, methods: list[str]) -> dict[str, list[dict]]:
-    """Every finished run of `methods` under `out`, in seed order: its summary with its records."""
+def load_runs(out: Path, methods: list[str], cfg: CompareConfig | None = None) -> dict[str, list[dict]]:
+    """Every finished run of `methods` under `out`, in seed order: its summary with its records. With `cfg`,
+    a run trained with other settings than `cfg.train` is refused (not mixed into the table)."""
     runs: dict[str, list[dict]] = {}
     for spec in methods:
         found = []
         for summary_path in (out / run_dir_name(spec)).glob("seed*/train_summary.json"):
             summary = json.loads(summary_path.read_text())
+            if cfg is not None and not _finished(summary_path.parent, _run_config(cfg, spec, summary["seed"])):
+                continue  # fewer steps than asked: not finished under these settings
             recs = read_metrics(summary_path.parent / "metrics.jsonl")
             summary["records"] = next(iter(recs.values()), [])
             found.append(summary)
@@ -155,7 +163,7 @@ def run_compare(cfg: CompareConfig, config_yaml: str = "") -> list[dict]:
     for spec in cfg.methods:
         for seed in cfg.seeds:
             run_one(cfg, spec, seed)
-    runs = load_runs(out, cfg.methods)
+    runs = load_runs(out, cfg.methods, cfg)
     for problem in check_pairing(runs):
         print(f"warning: {problem}", file=sys.stderr)
     rows = summarize_compare(runs)
