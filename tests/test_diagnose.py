@@ -98,3 +98,46 @@ def test_diagnose_reads_a_multi_seed_run(tmp_path):
     assert (tmp_path / SPEARMAN_PNG).is_file()
     with pytest.raises(FileNotFoundError):
         diagnose(tmp_path / "nope")
+
+
+def test_flip_calibration_of_chosen_prefixes_by_hand():
+    from trace_rl.predictors.diagnostics import flip_rows
+
+    recs = [
+        {"depth": 0, "predicted": 0.5, "target": 0.5},
+        # depth 1: after a success the flip probability is 1 - V~ = 0.25 (2 continuations, 1 flip)
+        {"depth": 1, "predicted": 0.75, "target": 0.5, "bare_reward": 1.0, "continuations": 2, "flips": 1},
+        # depth 2: after a failure it is V~ = 0.5 (1 continuation, no flip)
+        {"depth": 2, "predicted": 0.5, "target": 0.0, "bare_reward": 0.0, "continuations": 1, "flips": 0},
+        {"depth": 2, "predicted": 0.9, "target": 1.0},  # scored, not chosen
+    ]
+    rows = flip_rows(recs, max_depth=2)
+    assert rows["1"] == {"chosen": 1, "continuations": 2, "pred_flip": 0.25, "real_flip": 0.5}
+    assert rows["2+"]["pred_flip"] == 0.5 and rows["2+"]["real_flip"] == 0.0
+    assert rows["prefixes"]["pred_flip"] == pytest.approx((0.25 * 2 + 0.5) / 3)
+    assert rows["prefixes"]["real_flip"] == pytest.approx(1 / 3)
+
+
+def test_node_records_mark_chosen_prefixes_with_their_flips():
+    from trace_rl.predictors.diagnostics import node_records
+    from trace_rl.tree import BRANCH, RolloutTree
+
+    t = RolloutTree(0)
+    a = t.add_turn(t.root_id, predicted=0.7)
+    t.add_turn(a.node_id, terminal=True, reward=1.0)  # the bare rollout succeeds
+    t.add_turn(a.node_id, terminal=True, reward=0.0, origin=BRANCH)  # a continuation from a flips
+    t.add_turn(a.node_id, terminal=True, reward=1.0, origin=BRANCH)
+    t.root.predicted = 0.6
+    t.compute_targets()
+    recs = {r["depth"]: r for r in node_records([t])}
+    assert recs[1]["continuations"] == 2 and recs[1]["flips"] == 1 and recs[1]["bare_reward"] == 1.0
+    assert "continuations" not in recs[0]
+
+
+def test_diagnose_reads_a_compare_directory_per_method_directory(tmp_path):
+    rng = np.random.default_rng(2)
+    for method in ("trace", "trace_adv-grpo"):
+        for seed in (0, 1):
+            _write(tmp_path / method / f"seed{seed}" / "predictions.jsonl", _records(80, rng))  # records say "trace"
+    tables = diagnose(tmp_path, max_depth=2)
+    assert sorted(tables) == ["trace", "trace_adv-grpo"] and tables["trace"][0]["n"] == 40

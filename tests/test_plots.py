@@ -130,3 +130,30 @@ def test_per_seed_and_grid_shape():
     assert per_seed([a, b]) == {"grpo": [a["grpo"], b["grpo"]]}
     assert grid_shape(7) == (3, 3) and grid_shape(2) == (1, 2) and grid_shape(1) == (1, 1)
     assert math.prod(grid_shape(12)) >= 12
+
+
+def test_accuracy_starts_at_step_zero_with_the_accuracy_before():
+    from trace_rl.plots import with_start
+
+    recs = [{"step": 0, "eval/accuracy_before": 0.5}, {"step": 1}, {"step": 2, "eval/accuracy": 0.7}]
+    assert with_start(recs)[0] == {"step": -1, "eval/accuracy": 0.5} and with_start(recs)[1:] == recs
+    assert with_start(recs[1:]) == recs[1:]  # no start recorded: unchanged
+    fig = metric_figure({"": {"grpo": with_start(recs)}}, "eval/accuracy", "t")
+    try:
+        line = _lines(fig)[0]
+        assert line.get_xdata().tolist() == [0.0, 3.0] and line.get_ydata().tolist() == [0.5, 0.7]
+        assert fig.axes[0].get_xlim()[0] < 0  # the start is inside the axes
+    finally:
+        plt.close(fig)
+
+
+def test_chain_plot_has_a_panel_per_link(tmp_path):
+    from trace_rl.plots import CHAIN, plot_chain
+
+    recs = [
+        {"step": s, "rollout/effective_ratio": 0.3, "train/grad_norm": 1.0, "eval/accuracy_before": 0.4}
+        for s in range(3)
+    ]
+    recs[-1]["eval/accuracy"] = 0.6
+    path = plot_chain({"grpo": [recs, recs]}, tmp_path / "chain.png", "chain")
+    assert path.is_file() and len(CHAIN) == 6

@@ -198,13 +198,17 @@ def _train(cfg, yaml_text: str) -> None:
     er = np.mean([r["rollout/effective_ratio"] for r in records]) if records else float("nan")
     print(f"effective ratio (mean over steps): {er:.3f}")
     try:
-        from .plots import plot_metric
+        from .plots import plot_chain, plot_metric, with_start
 
         by = {cfg.method: records}
         plot_metric(by, "rollout/effective_ratio", Path(cfg.out) / "effective_ratio.png", "Effective ratio per step")
-        plot_metric(by, "eval/accuracy", Path(cfg.out) / "accuracy.png", "Held-out accuracy")
+        acc = {cfg.method: with_start(records)}  # from the accuracy before training, at step 0
+        plot_metric(acc, "eval/accuracy", Path(cfg.out) / "accuracy.png", "Held-out accuracy")
         plot_metric(by, "train/loss", Path(cfg.out) / "loss.png", "Policy loss")
-        print(f"plots: {cfg.out}/effective_ratio.png, accuracy.png, loss.png; metrics: {cfg.out}/metrics.jsonl")
+        plot_chain(by, Path(cfg.out) / "chain.png", "Effective ratio -> signal -> update size -> accuracy")
+        print(
+            f"plots: {cfg.out}/effective_ratio.png, accuracy.png, loss.png, chain.png; metrics: {cfg.out}/metrics.jsonl"
+        )
     except ImportError:
         print("plots skipped: matplotlib is not installed (pip install 'trace-rl[plots]')", file=sys.stderr)
 

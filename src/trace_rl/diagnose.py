@@ -9,7 +9,11 @@ run directory:
 - spearman_over_steps.png: Spearman(V~, V^) per step, a panel for the roots and one for the prefixes, one line
   per method; several seeds draw the mean and a min-max band.
 
-Both come from predictions.jsonl alone, so they do not depend on how metrics.jsonl names its keys.
+The table adds, per depth, the flip calibration of the chosen prefixes (predicted vs realised flip rate of
+their continuations; `predictors.diagnostics.flip_rows`) where the records carry it (tree methods of
+`trace-rl train`, `rollout` and `simulate`). A `trace-rl compare` directory is read per method:
+RUN_DIR/<method>/seed*/predictions.jsonl. Both plots come from predictions.jsonl alone, so they do not depend
+on how metrics.jsonl names its keys.
 `format_diagnosis` prints p-values in scientific notation below 0.001 instead of rounding them to 0.000.
 """
 
@@ -22,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .plots import grid_shape, plot_panels
-from .predictors.diagnostics import spearman_rho, summarize_records
+from .predictors.diagnostics import flip_rows, spearman_rho, summarize_records
 
 CALIBRATION_PNG = "calibration_by_depth.png"
 SPEARMAN_PNG = "spearman_over_steps.png"
@@ -50,6 +54,16 @@ def load_run(run_dir: str | Path) -> dict[str, list[dict]]:
     if (run / "predictions.jsonl").is_file():
         return {"": _read_jsonl(run / "predictions.jsonl")}
     seeds = sorted(run.glob("seed*/predictions.jsonl"))
+    if not seeds:  # a compare directory: <method>/seed*/
+        seeds = sorted(run.glob("*/seed*/predictions.jsonl"))
+        if seeds:
+            # records name the allocation only; the directory also names the advantage (trace_adv-grpo)
+            return {
+                f"{p.parent.parent.name}/{p.parent.name}": [
+                    {**r, "method": p.parent.parent.name} for r in _read_jsonl(p)
+                ]
+                for p in seeds
+            }
     if not seeds:
         raise FileNotFoundError(f"no predictions.jsonl in {run} (written by trace-rl simulate / rollout)")
     return {p.parent.name: _read_jsonl(p) for p in seeds}
@@ -69,6 +83,12 @@ def diagnose(run_dir: str | Path, max_depth: int = 4, out_dir: str | Path | None
     if not by_method:
         raise ValueError(f"{run_dir}: predictions.jsonl holds no records")
     tables = {m: summarize_records(recs, max_depth=max_depth) for m, recs in by_method.items()}
+    for m, rows in tables.items():
+        flips = flip_rows(by_method[m], max_depth=max_depth)
+        if flips:
+            empty = dict.fromkeys(("chosen", "continuations", "pred_flip", "real_flip"), float("nan"))
+            for row in rows:
+                row.update(flips.get(row["depth"], empty))
     plot_calibration(by_method, out / CALIBRATION_PNG, max_depth)
     panels: dict[str, dict[str, list[list[dict]]]] = {"roots (depth 0)": {}, "prefixes (depth >= 1)": {}}
     for method in by_method:
@@ -170,7 +190,11 @@ def format_diagnosis(tables: dict[str, list[dict]]) -> str:
         cols = list(rows[0])
         cells = [
             [
-                format_p(r[c]) if c == "p_value" else f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])
+                format_p(r[c])
+                if c == "p_value"
+                else ("-" if math.isnan(r[c]) else f"{r[c]:.3f}")
+                if isinstance(r[c], float)
+                else str(r[c])
                 for c in cols
             ]
             for r in rows

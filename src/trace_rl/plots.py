@@ -6,7 +6,9 @@ min-max over seeds by default, or mean +- one standard deviation; the title says
 key, or with a NaN there, are skipped, so metrics logged every few steps (accuracy) plot as their own points;
 a band over at most BAR_POINTS points is drawn as error bars instead of shading.
 
-Steps are 0-based in the records and drawn 1-based, as the progress lines print them, on integer ticks.
+Steps are 0-based in the records and drawn 1-based, as the progress lines print them, on integer ticks; a
+record at step -1 is the state before training (`with_start` adds the accuracy before from the first record)
+and is drawn at 0, which the axis then includes.
 Every point carries a marker (a run shorter than an evaluation interval has one point, which a bare line
 would not show; past MAX_MARKERS points, a marker every few steps, staggered between methods). Methods differ by
 colour, marker, line style and line width, and each method's line is shifted sideways by DODGE of the axis
@@ -79,11 +81,26 @@ def aggregate(seeds: list[Records], key: str, band: str = "minmax") -> tuple[np.
 Runs = dict[str, Records] | dict[str, list[Records]]
 
 
+def with_start(records: Records, key: str = "eval/accuracy") -> Records:
+    """`records` preceded by a step -1 record holding `key` before training (read from `eval/accuracy_before`
+    of the first record that has it), so an accuracy curve starts where training did; unchanged without one."""
+    before = next((r[f"{key}_before"] for r in records if f"{key}_before" in r), None)
+    if before is None:
+        return records
+    return [{"step": -1, key: before}, *records]
+
+
+def _first_step(runs: Runs) -> int:
+    return min((int(r["step"]) + 1 for v in runs.values() for run in _seeds(v) for r in run), default=1)
+
+
 def _last_step(runs: Runs) -> int:
     return max((int(r["step"]) + 1 for v in runs.values() for run in _seeds(v) for r in run), default=1)
 
 
-def _draw(ax, runs: Runs, key: str, smooth: int, band: str, last: int, xlabel: str = "step") -> tuple[int, bool]:
+def _draw(
+    ax, runs: Runs, key: str, smooth: int, band: str, last: int, xlabel: str = "step", first: int = 1
+) -> tuple[int, bool]:
     """Draw one line (and band) per method of `runs` on `ax`; returns (lines drawn, any method had 2+ seeds).
 
     A method's colour, marker and offset follow its position in `runs`, so panels drawn from dicts with the
@@ -128,7 +145,8 @@ def _draw(ax, runs: Runs, key: str, smooth: int, band: str, last: int, xlabel: s
     if not drawn:
         ax.text(0.5, 0.5, f"no record holds {key!r}", ha="center", va="center", transform=ax.transAxes)
     half_dodge = dodge * len(runs) / 2
-    ax.set_xlim(0.5 - half_dodge, last + 0.5 + half_dodge)  # the whole run from step 1, however sparse the key
+    # the whole run from step 1 (0 with a start record), however sparse the key
+    ax.set_xlim(min(first, 1) - 0.5 - half_dodge, last + 0.5 + half_dodge)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if shown and max(shown) - min(shown) < MIN_SPAN * max(map(abs, shown)):
         mid, half = (max(shown) + min(shown)) / 2, MIN_SPAN * max(map(abs, shown)) / 2
@@ -216,10 +234,11 @@ def metric_figure(
     if band not in BANDS:
         raise ValueError(f"band must be one of {sorted(BANDS)}, got {band!r}")
     last = max((_last_step(runs) for runs in panels.values()), default=1)
+    first = min((_first_step(runs) for runs in panels.values()), default=1)
     fig, axes = plt.subplots(1, len(panels), figsize=(2 + 5.5 * len(panels), 4.2), dpi=110, squeeze=False, sharey=True)
     multi = False
     for ax, (name, runs) in zip(axes[0], panels.items()):
-        multi |= _draw(ax, runs, key, smooth, band, last, xlabel)[1]
+        multi |= _draw(ax, runs, key, smooth, band, last, xlabel, first)[1]
         if name:
             ax.set_title(name, fontsize=10)
     axes[0][0].set_ylabel(ylabel or key.replace("_", " "))
@@ -241,3 +260,38 @@ def per_seed(runs: Sequence[dict[str, Records]]) -> dict[str, list[Records]]:
         for name, recs in run.items():
             out.setdefault(name, []).append(recs)
     return out
+
+
+CHAIN = (
+    ("rollout/effective_ratio", "effective ratio"),
+    ("train/adv_nonzero_token_share", "trained tokens with A ≠ 0"),
+    ("train/adv_abs", "mean |A| in the loss"),
+    ("train/grad_norm", "gradient norm (before clipping)"),
+    ("train/update_kl", "KL(before ‖ after update)"),
+    ("eval/accuracy", "held-out accuracy"),
+)
+
+
+def plot_chain(runs: Runs, path: str | Path, title: str, smooth: int = 3, band: str = "minmax") -> Path:
+    """The chain from allocation to accuracy, one panel per link (CHAIN), one line per method: what the budget
+    bought (effective ratio), how much of the loss carried signal, how far the update moved, and the accuracy
+    (with its start at step 0). Per-step links are smoothed over `smooth` steps; accuracy is not."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc = {m: [with_start(r) for r in _seeds(v)] for m, v in runs.items()}
+    rows, cols = grid_shape(len(CHAIN))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), dpi=100, squeeze=False)
+    last = _last_step(runs)
+    for ax, (key, label) in zip(axes.flat, CHAIN):
+        data = acc if key == "eval/accuracy" else runs
+        _draw(ax, data, key, 1 if key == "eval/accuracy" else smooth, band, last, "step", _first_step(data))
+        ax.set_title(label, fontsize=10)
+    fig.suptitle(title, fontsize=11)
+    _legend(fig, list(axes.flat))
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

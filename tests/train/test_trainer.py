@@ -120,12 +120,38 @@ def test_two_steps_on_every_environment(tmp_path, env):
     assert len(records(out)) == 2 and (out / "global_step_2").is_dir()
 
 
-def test_rollouts_to_reach_reads_the_interpolated_curve():
-    import numpy as np
+def test_the_start_the_standard_error_and_the_predictions_are_logged(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", *SMALL, "steps=2", "method=trace", f"out={out}"]) == 0
+    recs = records(out)
+    assert "eval/accuracy_before" in recs[0] and "eval/accuracy_before" not in recs[1]
+    assert all(r["eval/accuracy_se"] >= 0 and r["eval/accuracy_se_sampling"] >= 0 for r in recs)
+    assert "eval/before_accuracy_se" in recs[0]
+    for key in ("train/adv_nonzero_token_share", "train/update_kl", "train/adv_abs", "train/grad_norm"):
+        assert key in recs[0], key
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["accuracy_before"] == recs[0]["eval/accuracy_before"]
+    assert summary["held_out_digest"] and summary["pools_digest"]
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert preds and {p["step"] for p in preds} <= {0, 1} and all(p["method"] == "trace" for p in preds)
+    assert (out / "chain.png").is_file() and (out / "accuracy.png").is_file()
 
-    from trace_rl.train.compare import rollouts_to_reach
 
-    xs, ys = np.array([0.0, 100.0, 200.0]), np.array([0.5, 0.6, 0.7])
-    assert abs(rollouts_to_reach(xs, ys, 0.65) - 150.0) < 1e-9
-    assert rollouts_to_reach(xs, ys, 0.5) == 0.0
-    assert rollouts_to_reach(xs, ys, 0.8) is None
+def test_compare_runs_are_paired_and_a_rerun_reads_them(tmp_path, capsys):
+    from trace_rl.train.compare import check_pairing, load_runs
+
+    args = ["compare", f"out={tmp_path}", "methods=[grpo,trace]", "seeds=[3]", "train.steps=2"]
+    args += [f"train.{a}" for a in SMALL]
+    assert main(args) == 0
+    runs = load_runs(tmp_path, ["grpo", "trace"])
+    assert check_pairing(runs) == []  # same start, same held-out set, same pools on the seed
+    grpo, trace = runs["grpo"][0], runs["trace"][0]
+    assert grpo["accuracy_before"] == trace["accuracy_before"]
+    assert grpo["held_out_digest"] == trace["held_out_digest"] and grpo["pools_digest"] == trace["pools_digest"]
+    table = capsys.readouterr().out
+    assert "after_vs_grpo" in table and "trace" in table
+    stamp = (tmp_path / "trace" / "seed3" / "metrics.jsonl").stat().st_mtime_ns
+    assert main(args) == 0
+    assert (tmp_path / "trace" / "seed3" / "metrics.jsonl").stat().st_mtime_ns == stamp  # read, not rerun
+    for png in ("accuracy_vs_rollouts.png", "accuracy_vs_tokens.png", "chain.png"):
+        assert (tmp_path / png).is_file(), png

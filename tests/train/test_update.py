@@ -128,3 +128,54 @@ def test_config_errors_name_the_field(kwargs, message):
     with pytest.raises(ValueError) as err:
         UpdateConfig(**kwargs)
     assert str(err.value).startswith(message)
+
+
+def _chain_tree():
+    """root -> a (2 policy tokens, shared by two leaves) -> b (3 tokens, bare leaf, r=1) and c (1 token, branch
+    continuation, r=0); d: a second bare rollout with 4 tokens, r=1."""
+    from trace_rl.tree import BRANCH, RolloutTree
+
+    t = RolloutTree(0)
+    t.root.token_ids, t.root.loss_mask = [1, 2], [0, 0]
+    a = t.add_turn(t.root_id, token_ids=[3, 4, 5], loss_mask=[1, 1, 0], logprobs=[-1.0, -1.0])
+    t.add_turn(a.node_id, token_ids=[6, 7, 8], loss_mask=[1, 1, 1], logprobs=[-1.0] * 3, terminal=True, reward=1.0)
+    t.add_turn(a.node_id, token_ids=[9], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=0.0, origin=BRANCH)
+    t.add_turn(t.root_id, token_ids=[3, 3, 3, 3], loss_mask=[1] * 4, logprobs=[-1.0] * 4, terminal=True, reward=1.0)
+    t.compute_targets()
+    return t
+
+
+def test_advantage_stats_by_hand():
+    from trace_rl.train.update import advantage_stats
+
+    t = _chain_tree()
+    adv = [{"0.0": 0.0, "0.0.0": 0.5, "0.0.1": -1.0, "0.1": 0.5}]
+    s = advantage_stats([t], adv, "token-mean")
+    # tokens: a 2 (A=0), b 3, c 1, d 4 -> 8 of 10 non-zero; turns 3 of 4
+    assert s["train/adv_nonzero_token_share"] == pytest.approx(0.8)
+    assert s["train/adv_nonzero_turn_share"] == pytest.approx(0.75)
+    # token-mean |A| weight: b 1.5, c 1.0, d 2.0 = 4.5 over 10 tokens; c is the branch, a (shared) carries 0
+    assert s["train/adv_abs"] == pytest.approx(0.45)
+    assert s["train/adv_weight_branch"] == pytest.approx(1.0 / 4.5)
+    assert s["train/adv_weight_shared"] == 0.0
+    adv[0]["0.0"] = 1.0
+    s = advantage_stats([t], adv, "seq-mean-token-mean")
+    # per turn: a 1.0 (shared by two leaves), b 0.5, c 1.0, d 0.5 -> 3.0 over 4 turns
+    assert s["train/adv_abs"] == pytest.approx(0.75)
+    assert s["train/adv_weight_shared"] == pytest.approx(1.0 / 3.0)
+    assert s["train/adv_weight_branch"] == pytest.approx(1.0 / 3.0)
+
+
+def test_update_kl_measures_how_far_the_step_moved():
+    model = tiny()
+    trees = on_policy_trees(model)
+    adv = [{node.node_id: 1.0 for node in t.turns()} for t in trees]
+    moved = update_policy(model, make_optimizer(model, UpdateConfig(lr=1e-2)), trees, adv, UpdateConfig(lr=1e-2))
+    model = tiny()
+    trees = on_policy_trees(model)
+    small = update_policy(model, make_optimizer(model, UpdateConfig(lr=1e-5)), trees, adv, UpdateConfig(lr=1e-5))
+    assert moved["train/update_kl"] > 10 * small["train/update_kl"] > 0
+    assert moved["train/adv_nonzero_token_share"] == 1.0
+    none = [{node.node_id: 0.0 for node in t.turns()} for t in trees]
+    still = update_policy(model, make_optimizer(model, UpdateConfig()), trees, none, UpdateConfig())
+    assert still["train/update_kl"] == pytest.approx(0.0, abs=1e-9) and still["train/adv_nonzero_token_share"] == 0

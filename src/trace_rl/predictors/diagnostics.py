@@ -5,6 +5,11 @@ node's empirical success V^ (mean reward of the leaves below it). By depth (0 = 
 correlation with its two-sided p-value from `scipy.stats.spearmanr` (the t distribution with n - 2 degrees of
 freedom; at n = 10 and rho = 0.6 that is p = 0.067, where a normal approximation would claim 0.034), expected
 calibration error (10 equal-width bins, weighted by count) and the Brier score against V^.
+Chosen prefixes (anchors that got continuations) also carry their bare rollout's reward r, the number of
+continuations and how many flipped (ended unlike r): the predictor's flip probability for one continuation is
+1 - V~ after a success and V~ after a failure, so `flip_rows` sets the predicted flip rate of the chosen
+prefixes against the realised one, by depth. Stage 2 picks the prefixes whose predicted flip is highest, so a
+realised rate below the predicted one is partly selection (the winner's curse), not only miscalibration.
 The p-values treat nodes as independent; prefixes of one tree share leaves, so pooled over prefixes they
 overstate significance: read them as "is there any signal", not as calibrated error rates.
 
@@ -22,19 +27,50 @@ from ..tree import RolloutTree
 
 
 def node_records(trees: Iterable[RolloutTree]) -> list[dict]:
-    """(depth, predicted, target, leaves) of every scored node with leaves below it."""
+    """(depth, predicted, target, leaves) of every scored node with leaves below it; a chosen prefix (an anchor
+    with continuations) adds bare_reward, continuations and flips."""
     out = []
     for tree in trees:
+        anchors = {node.node_id: r for node, r in tree.anchors()}
         for node in tree.nodes.values():
             if node.predicted is not None and node.target is not None and node.leaves > 0:
-                out.append(
-                    {
-                        "depth": node.depth,
-                        "predicted": float(node.predicted),
-                        "target": float(node.target),
-                        "leaves": int(node.leaves),
-                    }
-                )
+                rec = {
+                    "depth": node.depth,
+                    "predicted": float(node.predicted),
+                    "target": float(node.target),
+                    "leaves": int(node.leaves),
+                }
+                started = tree.started_rewards(node.node_id) if node.node_id in anchors else []
+                if started:
+                    r = anchors[node.node_id]
+                    flips = sum((x > 0.5) != (r > 0.5) for x in started)
+                    rec.update({"bare_reward": r, "continuations": len(started), "flips": int(flips)})
+                out.append(rec)
+    return out
+
+
+def flip_rows(records: list[dict], max_depth: int = 6) -> dict[str, dict]:
+    """Per depth bucket (as `summarize_records`: "1".."{max_depth}+", "prefixes"), over the chosen prefixes:
+    chosen (how many), continuations, pred_flip (the predictor's flip probability per continuation, averaged
+    over continuations) and real_flip (flips / continuations)."""
+    chosen = [r for r in records if r.get("continuations")]
+    depth = np.array([r["depth"] for r in chosen], dtype=int)
+    n = np.array([r["continuations"] for r in chosen], dtype=float)
+    flips = np.array([r["flips"] for r in chosen], dtype=float)
+    p = np.array([1 - r["predicted"] if r["bare_reward"] > 0.5 else r["predicted"] for r in chosen])
+    groups = [(str(d), depth == d) for d in range(1, max_depth)] + [
+        (f"{max_depth}+", depth >= max_depth),
+        ("prefixes", depth >= 1),
+    ]
+    out = {}
+    for name, sel in groups:
+        if sel.any():
+            out[name] = {
+                "chosen": int(sel.sum()),
+                "continuations": int(n[sel].sum()),
+                "pred_flip": float((p[sel] * n[sel]).sum() / n[sel].sum()),
+                "real_flip": float(flips[sel].sum() / n[sel].sum()),
+            }
     return out
 
 

@@ -1,40 +1,84 @@
-"""`trace-rl compare`: train with several methods from the same start, same seeds, same rollout budget per
-step, and compare what the budget bought: held-out accuracy before and after (mean +- std over seeds),
-effective ratio, contrast groups per 1k rollouts, rollouts and tokens spent, wall-clock; PNG plots of held-out
-accuracy against rollouts spent and of the effective ratio per step, with seed bands; and, against GRPO, the
-share of GRPO's rollouts each method needed to reach GRPO's final accuracy (read off the mean accuracy curve,
-linearly interpolated between evaluations; '-' when it never got there).
+"""`trace-rl compare`: a paired experiment. Every method trains from the same start on each seed, with the same
+held-out set and the same candidate pools (both drawn from the seed alone; the runs' digests are checked), at
+the same rollout budget per step; the table reads what the budget bought.
+
+Per method (a method name, or `method:advantage` to train an allocation with another advantage estimator, so
+allocation and update can be told apart): held-out accuracy before and after and the gain, each with a 95% t
+interval over seeds; the paired difference to GRPO's final accuracy on the same seeds with a bootstrap 95%
+interval; rollouts and generated tokens needed to reach GRPO's final accuracy of the same seed (first crossing
+of the curve, linear between evaluations, 0 rollouts = the accuracy before), with a t interval over the seeds
+that reached it and their count; effective ratio (and its ratio to GRPO's), contrast groups per 1k rollouts;
+the chain per step (share of trained tokens with a non-zero advantage, gradient norm, KL of the update);
+rollouts, tokens and wall-clock. PNG plots: accuracy against rollouts and against tokens (from 0, seed bands),
+effective ratio per step, and the chain.
+
+Resuming: a run whose train_summary.json says it finished is read, not rerun; an unfinished one resumes from
+its newest checkpoint. Each run directory keeps the settings it was trained with (run_settings.json), and a
+run trained with other settings is refused rather than mixed in. The table covers every finished run of the
+listed methods found under `out`, seeds beyond those listed included, so a study grown over several
+invocations (5 seeds of some methods, 3 of others) is summarised whole; each row says how many seeds it holds.
+
+Limits: with 3-5 seeds the intervals are wide and the bootstrap one is coarse (see `stats`); costs-to-target
+average the seeds that got there, so read them with the count. Wall-clock sums the logged step, update and
+evaluation times (not model loading) and depends on what else shared the machine.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..advantages import ADVANTAGES
 from ..methods import METHODS
 from ..rollout.records import format_table, read_metrics
-from ..stack.config import check_methods, check_seed
+from ..stack.config import check_seed
+from ..stats import cost_to_target_ci, mean_ci, paired_bootstrap_ci
 from .trainer import TrainConfig, train
 
-DEFAULT_METHODS = ("grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace")
+BASELINE = "grpo"
+RUN_SETTINGS = "run_settings.json"
+# settings that do not change what a run computes (where it writes, how it reports, whether it resumes)
+NOT_SETTINGS = ("out", "resume", "progress", "logger", "save_every", "keep_last")
+
+
+def parse_method(spec: str) -> tuple[str, str]:
+    """'trace' -> ('trace', ''); 'trace:grpo' -> ('trace', 'grpo'): allocation and advantage estimator."""
+    name, _, advantage = spec.partition(":")
+    return name, advantage
+
+
+def run_dir_name(spec: str) -> str:
+    name, advantage = parse_method(spec)
+    return f"{name}_adv-{advantage}" if advantage else name
 
 
 @dataclass
 class CompareConfig:
-    """`trace-rl compare`: methods trained from one start at equal rollout budget, over several seeds."""
+    """`trace-rl compare`: methods trained from one start at equal rollout budget, paired over seeds."""
 
     out: str = "runs/compare"  # directory: one training run per method and seed, the table and the plots
-    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))  # each trained from the same start
+    # a method, or method:advantage (e.g. trace:grpo = TRACE's allocation with GRPO's advantage)
+    methods: list[str] = field(default_factory=lambda: ["grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace"])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one run per method and seed
     train: TrainConfig = field(default_factory=TrainConfig)  # the settings every run shares (its method is replaced)
 
     def __post_init__(self):
-        check_methods(self.methods, [m for m in METHODS if METHODS[m].predictor != "oracle"])
+        allowed = [m for m in METHODS if METHODS[m].predictor != "oracle"]
+        unknown = [m for m in self.methods if parse_method(m)[0] not in allowed]
+        if unknown or not self.methods:
+            raise ValueError(f"methods: unknown {unknown or 'none given'}; choose from {', '.join(allowed)}")
+        bad = [m for m in self.methods if parse_method(m)[1] and parse_method(m)[1] not in ADVANTAGES]
+        if bad:
+            raise ValueError(f"methods: unknown advantage in {bad}; after ':' choose from {', '.join(ADVANTAGES)}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"methods: {self.methods} lists a method twice")
         if not self.seeds:
             raise ValueError("seeds: give at least one seed")
         for seed in self.seeds:
@@ -45,114 +89,251 @@ class CompareConfig:
             raise ValueError("out must be a directory path, got an empty string")
 
 
-def _curve(records: list[dict], before: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(rollouts spent, held-out accuracy) at each evaluation, starting from (0, accuracy before)."""
-    xs, ys = ([0.0], [before]) if before is not None else ([], [])
-    for r in records:
-        if "eval/accuracy" in r:
-            xs.append(r["train/rollouts_total"])
-            ys.append(r["eval/accuracy"])
-    return np.array(xs, dtype=float), np.array(ys, dtype=float)
+def run_settings(cfg: TrainConfig) -> dict:
+    """What a run computes from: its config without where it writes and how it reports."""
+    d = dataclasses.asdict(cfg)
+    return json.loads(json.dumps({k: v for k, v in d.items() if k not in NOT_SETTINGS}, default=str))
 
 
-def rollouts_to_reach(xs: np.ndarray, ys: np.ndarray, target: float) -> float | None:
-    """First rollout count at which the linearly interpolated curve reaches `target`, or None."""
-    for i in range(len(xs)):
-        if ys[i] >= target:
-            if i == 0:
-                return float(xs[0])
-            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-            return float(x0 + (target - y0) / (y1 - y0) * (x1 - x0)) if y1 > y0 else float(x1)
-    return None
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if isinstance(a.get(k), dict) and isinstance(b.get(k), dict):
+            out += _differences(a[k], b[k], f"{prefix}{k}.")
+        elif a.get(k) != b.get(k):
+            out.append(f"{prefix}{k}")
+    return out
 
 
-def load_runs(out: Path, methods: list[str], seeds: list[int]) -> dict[str, list[dict]]:
-    """The finished runs of a comparison directory: each run's summary with its records."""
+def _finished(run: Path, cfg: TrainConfig) -> bool:
+    """True if `run` holds a finished run of `cfg`; raises if it holds a run of other settings."""
+    path = run / RUN_SETTINGS
+    if not path.exists():
+        return False
+    diff = _differences(json.loads(path.read_text()), run_settings(cfg))
+    if diff:
+        raise ValueError(
+            f"out: {run} holds a run with other settings (differs in {', '.join(diff)}); "
+            "use another out, or the settings it was run with"
+        )
+    summary = run / "train_summary.json"
+    return summary.exists() and json.loads(summary.read_text()).get("steps") == cfg.steps
+
+
+def _run_config(cfg: CompareConfig, spec: str, seed: int) -> TrainConfig:
+    name, advantage = parse_method(spec)
+    run_cfg = copy.deepcopy(cfg.train)
+    run_cfg.method, run_cfg.advantage, run_cfg.seed = name, advantage or cfg.train.advantage, seed
+    run_cfg.out, run_cfg.resume = str(Path(cfg.out) / run_dir_name(spec) / f"seed{seed}"), True
+    return run_cfg
+
+
+def run_one(cfg: CompareConfig, spec: str, seed: int) -> Path:
+    """Train (or resume, or just find) one method's run on one seed; returns its directory."""
+    run_cfg = _run_config(cfg, spec, seed)
+    run = Path(run_cfg.out)
+    if _finished(run, run_cfg):
+        print(f"== {spec}, seed {seed}: finished, read from {run}", file=sys.stderr)
+        return run
+    run.mkdir(parents=True, exist_ok=True)
+    (run / RUN_SETTINGS).write_text(json.dumps(run_settings(run_cfg), indent=2))
+    print(f"== {spec}, seed {seed}", file=sys.stderr)
+    from omegaconf import OmegaConf
+
+    train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)))  # each run's checkpoints hold its own config
+    return run
+
+
+def load_runs(out: Path, methods: list[str], cfg: CompareConfig | None = None) -> dict[str, list[dict]]:
+    """Every finished run of `methods` under `out`, in seed order: its summary with its records. With `cfg`,
+    a run trained with other settings than `cfg.train` is refused (not mixed into the table)."""
     runs: dict[str, list[dict]] = {}
-    for method in methods:
-        for seed in seeds:
-            run = out / method / f"seed{seed}"
-            summary = json.loads((run / "train_summary.json").read_text())
-            summary["records"] = read_metrics(run / "metrics.jsonl")[method]
-            runs.setdefault(method, []).append(summary)
+    for spec in methods:
+        found = []
+        for summary_path in (out / run_dir_name(spec)).glob("seed*/train_summary.json"):
+            summary = json.loads(summary_path.read_text())
+            if cfg is not None and not _finished(summary_path.parent, _run_config(cfg, spec, summary["seed"])):
+                continue  # fewer steps than asked: not finished under these settings
+            recs = read_metrics(summary_path.parent / "metrics.jsonl")
+            summary["records"] = next(iter(recs.values()), [])
+            found.append(summary)
+        if found:
+            runs[spec] = sorted(found, key=lambda s: s["seed"])
     return runs
 
 
 def run_compare(cfg: CompareConfig, config_yaml: str = "") -> list[dict]:
-    from omegaconf import OmegaConf
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if config_yaml:
         (out / "config.yaml").write_text(config_yaml)
-    runs: dict[str, list[dict]] = {}
-    for method in cfg.methods:
+    for spec in cfg.methods:
         for seed in cfg.seeds:
-            run_cfg = copy.deepcopy(cfg.train)
-            run_cfg.method, run_cfg.seed, run_cfg.out = method, seed, str(out / method / f"seed{seed}")
-            print(f"== {method}, seed {seed}", file=sys.stderr)
-            summary = train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)))  # each run's own config
-            summary["records"] = read_metrics(Path(run_cfg.out) / "metrics.jsonl")[method]
-            runs.setdefault(method, []).append(summary)
+            run_one(cfg, spec, seed)
+    runs = load_runs(out, cfg.methods, cfg)
+    for problem in check_pairing(runs):
+        print(f"warning: {problem}", file=sys.stderr)
     rows = summarize_compare(runs)
-    table = format_table(rows)
+    table = format_compare(rows)
     print(table)
     (out / "compare_summary.json").write_text(json.dumps(rows, indent=2))
     (out / "compare_summary.txt").write_text(table + "\n")
     plot_compare(runs, out)
-    print(f"\nwrote {out}/compare_summary.json, accuracy_vs_rollouts.png, effective_ratio.png")
+    print(f"\nwrote {out}/compare_summary.json, accuracy_vs_rollouts.png, accuracy_vs_tokens.png, chain.png")
     return rows
 
 
-def _pm(values: list[float]) -> str:
-    v = np.array([x for x in values if x is not None], dtype=float)
-    return f"{v.mean():.3f} +- {v.std(ddof=1) if len(v) > 1 else 0.0:.3f}" if len(v) else "-"
+def check_pairing(runs: dict[str, list[dict]]) -> list[str]:
+    """Problems with the pairing: per seed, every method must have the same held-out set, the same pools and
+    (from one start, with one evaluation seed) the same accuracy before training. Empty when paired."""
+    by_seed: dict[int, list[tuple[str, dict]]] = {}
+    for spec, seeds in runs.items():
+        for s in seeds:
+            by_seed.setdefault(s["seed"], []).append((spec, s))
+    problems = []
+    for seed, entries in sorted(by_seed.items()):
+        for key in ("held_out_digest", "pools_digest", "accuracy_before"):
+            values = {spec: s.get(key) for spec, s in entries}
+            if len(set(values.values())) > 1:
+                problems.append(f"seed {seed}: {key} differs between methods ({values})")
+    return problems
+
+
+def curves(summary: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Held-out accuracy against rollouts and against generated tokens spent, from (0, accuracy before)."""
+    rollouts, tokens, acc = [0.0], [0.0], [summary["accuracy_before"]]
+    spent = 0.0
+    for r in summary["records"]:
+        spent += r["rollout/generated_tokens"]
+        if "eval/accuracy" in r:
+            rollouts.append(float(r["train/rollouts_total"]))
+            tokens.append(spent)
+            acc.append(r["eval/accuracy"])
+    y = np.array(acc, dtype=float)
+    return {"rollouts": (np.array(rollouts), y), "tokens": (np.array(tokens), y)}
+
+
+def _ci(values: list[float]) -> dict:
+    m, lo, hi = mean_ci(values)
+    return {"mean": m, "lo": lo, "hi": hi}
+
+
+def _per_run_mean(seeds: list[dict], key: str) -> list[float]:
+    return [float(np.mean([r[key] for r in s["records"] if key in r] or [math.nan])) for s in seeds]
 
 
 def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
+    """One row per method: the figures the module docstring lists, as numbers (mean, lo, hi per interval)."""
+    base = {s["seed"]: s for s in runs.get(BASELINE, [])}
     rows = []
-    grpo_target = grpo_rollouts = None
-    if "grpo" in runs:
-        xs, ys = zip(*(_curve(r["records"], r["accuracy_before"]) for r in runs["grpo"]))
-        grpo_target = float(np.mean([y[-1] for y in ys]))
-        grpo_rollouts = float(np.mean([x[-1] for x in xs]))
-    for method, seeds in runs.items():
+    for spec, seeds in runs.items():
+        name, advantage = parse_method(spec)
         recs = [s["records"] for s in seeds]
-        er = [np.mean([r["rollout/effective_ratio"] for r in rs]) for rs in recs]
         rollouts = [sum(r["rollout/rollouts"] for r in rs) for rs in recs]
         groups = [1000 * sum(r["rollout/contrast_groups"] for r in rs) / max(n, 1) for rs, n in zip(recs, rollouts)]
+        er = _per_run_mean(seeds, "rollout/effective_ratio")
         row = {
-            "method": method,
-            "acc_before": _pm([s["accuracy_before"] for s in seeds]),
-            "acc_after": _pm([s["accuracy_after"] for s in seeds]),
-            "effective_ratio": _pm(er),
-            "groups_per_1k": _pm(groups),
-            "rollouts": int(np.mean(rollouts)),
-            "tokens": int(np.mean([sum(r["rollout/generated_tokens"] for r in rs) for rs in recs])),
+            "method": spec,
+            "allocation": name,
+            "advantage": advantage or METHODS[name].advantage,
+            "seeds": [s["seed"] for s in seeds],
+            "acc_before": _ci([s["accuracy_before"] for s in seeds]),
+            "acc_after": _ci([s["accuracy_after"] for s in seeds]),
+            "gain": _ci([s["accuracy_after"] - s["accuracy_before"] for s in seeds]),
+            "eval_se": float(np.mean([s.get("accuracy_se") or math.nan for s in seeds])),
+            "eval_se_sampling": float(np.mean([s.get("accuracy_se_sampling") or math.nan for s in seeds])),
+            "effective_ratio": _ci(er),
+            "groups_per_1k": _ci(groups),
+            "adv_nonzero_token_share": _ci(_per_run_mean(seeds, "train/adv_nonzero_token_share")),
+            "grad_norm": _ci(_per_run_mean(seeds, "train/grad_norm")),
+            "update_kl": _ci(_per_run_mean(seeds, "train/update_kl")),
+            "rollouts": float(np.mean(rollouts)),
+            "tokens": float(np.mean([sum(r["rollout/generated_tokens"] for r in rs) for rs in recs])),
             "wall_s": float(
                 np.mean(
-                    [
-                        sum(
-                            r.get("timing_s/total", 0) + r.get("timing_s/update", 0) + r.get("timing_s/eval", 0)
-                            for r in rs
-                        )
-                        for rs in recs
-                    ]
+                    [sum(r.get(f"timing_s/{k}", 0) for r in rs for k in ("total", "update", "eval")) for rs in recs]
                 )
             ),
         }
-        if grpo_target is not None:
-            curves = [_curve(s["records"], s["accuracy_before"]) for s in seeds]
-            xs = curves[0][0]
-            mean_acc = np.mean([c[1] for c in curves], axis=0) if all(len(c[1]) == len(xs) for c in curves) else None
-            reach = rollouts_to_reach(xs, mean_acc, grpo_target) if mean_acc is not None else None
-            row["share_of_grpo_rollouts_to_grpo_final"] = f"{reach / grpo_rollouts:.2f}" if reach else "-"
+        paired = [s for s in seeds if s["seed"] in base]
+        if paired:
+            ours, theirs = [s["accuracy_after"] for s in paired], [base[s["seed"]]["accuracy_after"] for s in paired]
+            m, lo, hi = paired_bootstrap_ci(ours, theirs)
+            row["diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
+            base_er = float(np.mean(_per_run_mean([base[s["seed"]] for s in paired], "rollout/effective_ratio")))
+            ours_er = float(np.mean([e for e, s in zip(er, seeds) if s["seed"] in base]))
+            row["er_vs_grpo"] = ours_er / base_er if base_er else math.nan
+            for cost in ("rollouts", "tokens"):
+                m, lo, hi, n = cost_to_target_ci([curves(s)[cost] for s in paired], theirs)
+                row[f"{cost}_to_grpo_final"] = {"mean": m, "lo": lo, "hi": hi, "reached": n, "seeds": len(paired)}
         rows.append(row)
     return rows
 
 
+def _fmt_ci(v: dict | None, digits: int = 3, signed: bool = False) -> str:
+    if not v or math.isnan(v["mean"]):
+        return "-"
+    spec = f"{'+' if signed else ''}.{digits}f" if digits else ",.0f"
+    text = f"{v['mean']:{spec}}"
+    if not math.isnan(v["lo"]):
+        text += f" [{v['lo']:{spec}}, {v['hi']:{spec}}]"
+    if "reached" in v:
+        text += f" ({v['reached']}/{v['seeds']})"
+    return text
+
+
+def format_compare(rows: list[dict]) -> str:
+    """The rows as a text table: mean [95% interval]; costs to GRPO's final accuracy with (seeds reached/seeds)."""
+    cells = []
+    for r in rows:
+        reach = r.get("rollouts_to_grpo_final")
+        cells.append(
+            {
+                "method": r["method"],
+                "advantage": r["advantage"],
+                "seeds": str(len(r["seeds"])),
+                "acc_before": _fmt_ci(r["acc_before"]),
+                "acc_after": _fmt_ci(r["acc_after"]),
+                "gain": _fmt_ci(r["gain"], signed=True),
+                "after_vs_grpo": _fmt_ci(r.get("diff_vs_grpo"), signed=True),
+                "rollouts_to_grpo_final": _fmt_ci(reach, digits=0) if reach and reach["reached"] else "-",
+                "tokens_to_grpo_final": _fmt_ci(r.get("tokens_to_grpo_final"), digits=0) if reach else "-",
+                "effective_ratio": _fmt_ci(r["effective_ratio"]),
+                "er_vs_grpo": f"{r['er_vs_grpo']:.2f}" if not math.isnan(r.get("er_vs_grpo", math.nan)) else "-",
+                "groups_per_1k": f"{r['groups_per_1k']['mean']:.0f}",
+                "nonzero_adv_tokens": f"{r['adv_nonzero_token_share']['mean']:.3f}",
+                "grad_norm": f"{r['grad_norm']['mean']:.3f}",
+                "update_kl": f"{r['update_kl']['mean']:.2e}",
+                "rollouts": f"{r['rollouts']:,.0f}",
+                "tokens": f"{r['tokens']:,.0f}",
+                "wall_s": f"{r['wall_s']:.0f}",
+            }
+        )
+    note = (
+        "mean [95% interval] over seeds; after_vs_grpo: paired bootstrap over common seeds; "
+        "*_to_grpo_final: first crossing of GRPO's final accuracy on the same seed (seeds reached/seeds)"
+    )
+    for key, what in (("eval_se", "over tasks"), ("eval_se_sampling", "of the sampling on the held-out set")):
+        se = [r[key] for r in rows if not math.isnan(r.get(key, math.nan))]
+        if se:
+            note += f"\nstandard error of one final evaluation, {what}: {np.mean(se):.3f}"
+    return note + "\n" + format_table(cells)
+
+
+def cost_points(seed_curves: list[tuple[np.ndarray, np.ndarray]]) -> list[list[dict]]:
+    """Per seed, its accuracy records placed at the mean cost over seeds of the same evaluation (the i-th
+    evaluation of every seed comes after the same steps; token costs differ a little per seed), so the plot
+    draws one mean curve with a seed band instead of a zig-zag through every seed's own x. The start is at 0."""
+    longest = max(len(x) for x, _ in seed_curves)
+    at = [np.mean([x[i] for x, _ in seed_curves if len(x) > i]) for i in range(longest)]
+    return [
+        [{"step": int(round(at[i])) - 1, "eval/accuracy": float(y[i])} for i in range(len(y))] for _, y in seed_curves
+    ]
+
+
 def plot_compare(runs: dict[str, list[dict]], out: Path) -> None:
-    from ..plots import plot_metric
+    from ..plots import plot_chain, plot_metric
 
     per_seed = {m: [s["records"] for s in seeds] for m, seeds in runs.items()}
     plot_metric(
@@ -162,15 +343,9 @@ def plot_compare(runs: dict[str, list[dict]], out: Path) -> None:
         "Effective ratio per step (mean and seed band)",
         smooth=3,
     )
-    # accuracy against rollouts spent: the x of each evaluation record is the running rollout count
-    acc = {
-        m: [[{**r, "step": r["train/rollouts_total"] - 1} for r in rs if "eval/accuracy" in r] for rs in seeds]
-        for m, seeds in per_seed.items()
-    }
-    plot_metric(
-        acc,
-        "eval/accuracy",
-        out / "accuracy_vs_rollouts.png",
-        "Held-out accuracy against rollouts spent",
-        xlabel="rollouts spent",
-    )
+    plot_chain(per_seed, out / "chain.png", "Effective ratio -> signal -> update size -> accuracy (seed bands)")
+    for cost, label in (("rollouts", "rollouts spent"), ("tokens", "generated tokens spent")):
+        acc = {m: cost_points([curves(s)[cost] for s in seeds]) for m, seeds in runs.items()}
+        plot_metric(
+            acc, "eval/accuracy", out / f"accuracy_vs_{cost}.png", f"Held-out accuracy against {label}", xlabel=label
+        )

@@ -10,10 +10,18 @@ Resuming (`resume=true`) loads the newest intact checkpoint (a damaged one is sk
 pools and the same random streams: every random draw of a step comes from the run's seed and the step
 (`seeding`), and the backend's caches are emptied at the start of each step, so the steps after a resume produce
 the metrics of an uninterrupted run (all but timing).
+
+What a paired comparison reads (`trace-rl compare`): the accuracy before training goes into the first step's
+record (`eval/accuracy_before`, so plots start at 0 rollouts) and the summary; every evaluation also logs two
+standard errors (`accuracy_se`), over tasks and of the sampling alone on the fixed held-out set; the summary
+holds digests of the held-out tasks and of the training pools, which depend on the seed only, so runs of
+different methods on one seed can be checked to share them. Each step appends the predictor's scored nodes to
+predictions.jsonl (`trace-rl diagnose`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import resource
 import sys
@@ -111,10 +119,37 @@ def ensure_policy(cfg: TrainConfig) -> None:
     run_sft(SFTConfig())
 
 
+def task_digest(tasks: list[dict], previous: str = "") -> str:
+    """A short sha256 of `tasks` (chained onto `previous`): equal digests, equal task lists."""
+    text = previous + json.dumps(tasks, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def accuracy_se(results: list[dict], tasks: int) -> tuple[float, float]:
+    """Two standard errors of the held-out accuracy (mean success over tasks and samples):
+    over tasks, std of the per-task mean / sqrt(tasks), which counts the draw of the tasks and the sampling;
+    and of the sampling alone on this fixed task set, sqrt(sum_t c_t (S - c_t) / (S^2 (S - 1))) / tasks with
+    c_t successes in S samples (unbiased per-task variance; nan with one sample). Runs that share the held-out
+    set (one seed, several methods; before and after) differ by the second, not the first."""
+    import numpy as np
+
+    per_task: dict[int, list[float]] = {}
+    for r in results:
+        per_task.setdefault(r["index"], []).append(float(r["score"] > 0.5))
+    means = np.array([np.mean(v) for v in per_task.values()])
+    over_tasks = float(means.std(ddof=1) / np.sqrt(tasks)) if tasks > 1 else float("nan")
+    s = min(len(v) for v in per_task.values()) if per_task else 0
+    if s < 2:
+        return over_tasks, float("nan")
+    c = np.array([sum(v) for v in per_task.values()])
+    return over_tasks, float(np.sqrt(np.sum(c * (s - c) / (s * s * (s - 1)))) / tasks)
+
+
 def evaluate_policy(cfg: TrainConfig, actor, tasks, step: int) -> dict:
     from ..rollout.evaluate import evaluate
 
     actor.backend.clear_cache()
+    samples: list[dict] = []
     res = evaluate(
         actor,
         tasks,
@@ -123,8 +158,29 @@ def evaluate_policy(cfg: TrainConfig, actor, tasks, step: int) -> dict:
         seed=derive_seed(cfg.seed, "eval"),
         label=f"eval step {step}",
         progress=cfg.progress,
+        results=samples,
     )
-    return {"accuracy": res["pass@1"], f"pass@{cfg.eval_samples}": res[f"pass@{cfg.eval_samples}"]}
+    se_tasks, se_sampling = accuracy_se(samples, len(tasks))
+    return {
+        "accuracy": res["pass@1"],
+        "accuracy_se": se_tasks,
+        "accuracy_se_sampling": se_sampling,
+        f"pass@{cfg.eval_samples}": res[f"pass@{cfg.eval_samples}"],
+    }
+
+
+def write_predictions(out: Path, result, step: int, start: int) -> None:
+    """Append the step's scored nodes (with the flips of chosen prefixes) to predictions.jsonl; a resumed run
+    first drops the records of steps it redoes."""
+    from ..predictors.diagnostics import node_records
+
+    path = out / "predictions.jsonl"
+    if step == start and path.exists():
+        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < start]
+        path.write_text("".join(ln + "\n" for ln in keep))
+    with open(path, "a", encoding="utf-8") as fh:
+        for rec in node_records(result.active):
+            fh.write(json.dumps({"method": result.method, "step": step, **rec}) + "\n")
 
 
 def _peak_rss_gib() -> float:
@@ -173,7 +229,7 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     method = get_method(cfg.method)
     predictor = build_predictor(cfg.predictor, method, cfg.seed, warmup)
     summary_path = out / "train_summary.json"
-    state = {"step": 0, "accuracy_before": None, "rollouts": 0}
+    state = {"step": 0, "accuracy_before": None, "rollouts": 0, "pools_digest": ""}
     if ckpt:
         restore(ckpt, model, optimizer)
         predictor, state, start = ckpt.predictor, ckpt.state, ckpt.step
@@ -210,14 +266,22 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
     pool = cfg.budget.pool
     advantage = cfg.advantage or method.advantage
 
+    state["held_out_digest"] = task_digest(held_out)
+    before = {}
     if start == 0:
         model.eval()
-        state["accuracy_before"] = evaluate_policy(cfg, actor, held_out, 0)["accuracy"]
-        print(f"held-out accuracy before training: {state['accuracy_before']:.3f}", file=sys.stderr)
+        before = evaluate_policy(cfg, actor, held_out, 0)
+        state["accuracy_before"] = before["accuracy"]
+        print(
+            f"held-out accuracy before training: {before['accuracy']:.3f} (standard error over tasks "
+            f"{before['accuracy_se']:.3f}, of the sampling on these tasks {before['accuracy_se_sampling']:.3f})",
+            file=sys.stderr,
+        )
     record = {}
     try:
         for step in range(start, cfg.steps):
             tasks = spec.train(pool, derive_seed(cfg.seed, "pool", step))
+            state["pools_digest"] = task_digest(tasks, state.get("pools_digest", ""))
             backend.clear_cache()  # a step never depends on what earlier steps or evaluations left cached
             model.eval()
             result = engine.grow(tasks, method, step)
@@ -240,6 +304,9 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
             rec.train.update({k.split("/", 1)[1]: v for k, v in stats.items()})
             state["rollouts"] += result.rollouts
             rec.train["rollouts_total"] = state["rollouts"]
+            if step == 0 and before:  # the start of every accuracy curve: 0 rollouts
+                rec.eval.update({f"{k}_before" if k == "accuracy" else f"before_{k}": v for k, v in before.items()})
+            write_predictions(out, result, step, start)
             last = step == cfg.steps - 1
             if (step + 1) % cfg.eval_every == 0 or last:
                 t0 = time.perf_counter()
@@ -260,7 +327,11 @@ def train(cfg: TrainConfig, config_yaml: str = "") -> dict:
         "steps": cfg.steps,
         "accuracy_before": state.get("accuracy_before"),
         "accuracy_after": record.get("eval/accuracy"),
+        "accuracy_se": record.get("eval/accuracy_se"),
+        "accuracy_se_sampling": record.get("eval/accuracy_se_sampling"),
         "rollouts": state["rollouts"],
+        "held_out_digest": state["held_out_digest"],
+        "pools_digest": state.get("pools_digest", ""),
         "peak_rss_gib": _peak_rss_gib(),
         "out": str(out),
     }

@@ -13,6 +13,14 @@ a random draw, so one model, one set of trees and one config give one update.
 Limits: a reference model for the KL term is evaluated once per step (before the first epoch); with LoRA and
 no reference model the reference is the base model with its adapters switched off, which costs no copy.
 A step whose gradient norm is not finite is skipped (reported as such), as verl does.
+
+What the step carried (the chain effective ratio -> signal -> update size -> accuracy): `advantage_stats`
+reports the share of trained tokens and turns with a non-zero advantage and how the loss weight |A| splits
+between shared prefixes, continuation (branch) turns and the rest, under the configured aggregation; the
+update reports the gradient norm before clipping and `update_kl`, the k3 KL of the pre-update policy to the
+updated one on the trained tokens, from one extra no-grad forward after the last optimizer step (about a
+third of a training pass: measured, because the drift from the sampling policy, `approx_kl`, is 0 on-policy
+and says nothing about how far the step moved).
 """
 
 from __future__ import annotations
@@ -24,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tree import RolloutTree
-from .losses import AGGREGATIONS, POLICY_LOSSES
+from ..tree import BRANCH, RolloutTree
+from .losses import AGGREGATIONS, KL_CLAMP, POLICY_LOSSES
 from .packing import PackedBatch, pack_paths, pack_trees, token_logprobs
 
 PACKINGS = ("tree", "flat")
@@ -119,6 +127,39 @@ def _batches(trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: 
     return packer(trees, advantages, max_tokens=cfg.micro_batch_tokens)
 
 
+def advantage_stats(
+    trees: list[RolloutTree], advantages: list[dict[str, float]], aggregation: str, eps: float = 1e-8
+) -> dict[str, float]:
+    """How much of a step's loss carries signal: train/adv_nonzero_token_share and adv_nonzero_turn_share
+    (trained tokens and turns whose advantage is non-zero), adv_abs (mean |A| under `aggregation`: per token for
+    token-mean, per turn for seq-mean-token-mean), and the shares of that |A| weight on shared turns (on the
+    path of 2+ leaves, trained once for all of them) and on continuation turns (origin branch)."""
+    weight = {"all": 0.0, "shared": 0.0, "branch": 0.0}
+    tokens = nonzero_tokens = turns = nonzero_turns = 0
+    for tree, adv in zip(trees, advantages):
+        for node in tree.turns():
+            n = sum(node.loss_mask)
+            if n == 0:
+                continue
+            a = abs(float(adv.get(node.node_id, 0.0)))
+            tokens, turns = tokens + n, turns + 1
+            if a > eps:
+                nonzero_tokens, nonzero_turns = nonzero_tokens + n, nonzero_turns + 1
+            w = a * n if aggregation == "token-mean" else a
+            weight["all"] += w
+            weight["shared"] += w if node.leaves > 1 else 0.0
+            weight["branch"] += w if node.origin == BRANCH else 0.0
+    units = tokens if aggregation == "token-mean" else turns
+    total = weight["all"]
+    return {
+        "train/adv_nonzero_token_share": nonzero_tokens / tokens if tokens else 0.0,
+        "train/adv_nonzero_turn_share": nonzero_turns / turns if turns else 0.0,
+        "train/adv_abs": total / units if units else 0.0,
+        "train/adv_weight_shared": weight["shared"] / total if total else 0.0,
+        "train/adv_weight_branch": weight["branch"] / total if total else 0.0,
+    }
+
+
 def _reference_logprobs(
     model, ref_model, batches: list[PackedBatch], cfg: UpdateConfig, temperature: float
 ) -> list | None:
@@ -150,11 +191,13 @@ def update_policy(
     train/loss, train/pg_loss, train/clip_frac, train/kl (to the reference, 0 without one), train/approx_kl
     (sampling policy to current), train/grad_norm, train/skipped_steps, and per epoch: train/tokens (distinct
     tokens of the trees), train/encoded_tokens (tokens run through the model), train/policy_tokens (trained
-    tokens), train/micro_batches."""
+    tokens), train/micro_batches; and `advantage_stats`, and train/update_kl (k3 KL of the policy before the
+    step to the policy after it, token mean over the trained tokens)."""
     batches = _batches(trees, advantages, cfg)
     num_tokens = sum(b.policy_tokens for b in batches)
     num_segments = sum(len(b.segments) for b in batches)
     sums = dict.fromkeys(("loss", "pg_loss", "clip_frac", "kl", "approx_kl", "grad_norm", "skipped_steps"), 0.0)
+    signal = advantage_stats(trees, advantages, cfg.aggregation)
     counts = {
         "tokens": float(sum(len(n.token_ids) for t in trees for n in t.nodes.values())),
         "encoded_tokens": float(sum(b.encoded_tokens for b in batches)),
@@ -162,7 +205,7 @@ def update_policy(
         "micro_batches": float(len(batches)),
     }
     if num_tokens == 0:
-        return {f"train/{k}": v for k, v in {**sums, **counts}.items()}
+        return {**{f"train/{k}": v for k, v in {**sums, **counts}.items()}, **signal, "train/update_kl": 0.0}
     loss_fn = POLICY_LOSSES[cfg.loss]
     clip = {"clip_ratio_low": cfg.clip_ratio, "clip_ratio_high": cfg.clip_ratio_high or cfg.clip_ratio}
     if cfg.clip_ratio_c is not None:
@@ -172,11 +215,14 @@ def update_policy(
     params = [p for group in optimizer.param_groups for p in group["params"]]
     was_training = model.training
     model.eval()
+    before: list[torch.Tensor] = []  # the pre-update policy's log-probs (first epoch's forward)
     try:
-        for _ in range(cfg.epochs):
+        for epoch in range(cfg.epochs):
             optimizer.zero_grad(set_to_none=True)
             for i, b in enumerate(batches):
                 lp = token_logprobs(model, b, temperature)
+                if epoch == 0:
+                    before.append(lp.detach())
                 out = loss_fn(
                     lp,
                     b.old_logprobs.to(device),
@@ -202,7 +248,20 @@ def update_policy(
             else:
                 sums["skipped_steps"] += 1
             optimizer.zero_grad(set_to_none=True)
+        update_kl = _update_kl(model, batches, before, temperature, num_tokens)
     finally:
         model.train(was_training)
     means = {k: v / cfg.epochs for k, v in sums.items() if k != "skipped_steps"}
-    return {f"train/{k}": v for k, v in {**means, "skipped_steps": sums["skipped_steps"], **counts}.items()}
+    out = {f"train/{k}": v for k, v in {**means, "skipped_steps": sums["skipped_steps"], **counts}.items()}
+    return {**out, **signal, "train/update_kl": update_kl}
+
+
+def _update_kl(model, batches: list[PackedBatch], before: list[torch.Tensor], temperature: float, n: int) -> float:
+    """Token mean of the k3 estimator of KL(before || after) over the trained tokens, the tokens being samples
+    of the sampling policy (= the pre-update policy on-policy), as `approx_kl` estimates the drift."""
+    total = 0.0
+    with torch.no_grad():
+        for b, lp_before in zip(batches, before):
+            log_ratio = (token_logprobs(model, b, temperature) - lp_before).clamp(-KL_CLAMP, KL_CLAMP)
+            total += float((torch.exp(log_ratio) - log_ratio - 1).sum())
+    return total / max(n, 1)

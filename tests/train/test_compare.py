@@ -1,0 +1,171 @@
+"""`trace-rl compare` machinery on hand-computed cases: curves from the start, paired differences, costs to
+GRPO's final accuracy, pairing checks, and resuming (finished runs are read, other settings refused)."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from trace_rl.train import compare as cmp  # noqa: E402
+from trace_rl.train.compare import (  # noqa: E402
+    CompareConfig,
+    check_pairing,
+    cost_points,
+    curves,
+    format_compare,
+    parse_method,
+    run_dir_name,
+    summarize_compare,
+)
+from trace_rl.train.trainer import TrainConfig  # noqa: E402
+
+
+def run(seed, before, accs, tokens=(100, 100, 100, 100), er=0.5, groups=2, rollouts=10, **extra):
+    """A finished run of 4 steps with evaluations after steps 2 and 4 (accs), `rollouts` per step."""
+    recs = []
+    for step in range(4):
+        r = {
+            "step": step,
+            "rollout/rollouts": rollouts,
+            "rollout/generated_tokens": tokens[step],
+            "rollout/effective_ratio": er,
+            "rollout/contrast_groups": groups,
+            "train/rollouts_total": rollouts * (step + 1),
+            "train/adv_nonzero_token_share": 0.25,
+            "train/grad_norm": 1.0,
+            "train/update_kl": 1e-3,
+            "timing_s/total": 1.0,
+        }
+        if step in (1, 3):
+            r["eval/accuracy"] = accs[step // 2]
+        recs.append(r)
+    return {
+        "seed": seed,
+        "accuracy_before": before,
+        "accuracy_after": accs[-1],
+        "accuracy_se": 0.01,
+        "held_out_digest": f"h{seed}",
+        "pools_digest": f"p{seed}",
+        "records": recs,
+        **extra,
+    }
+
+
+def test_curves_start_at_zero_cost_with_the_accuracy_before():
+    c = curves(run(0, 0.4, [0.5, 0.6], tokens=(10, 20, 30, 40)))
+    assert c["rollouts"][0].tolist() == [0, 20, 40] and c["rollouts"][1].tolist() == [0.4, 0.5, 0.6]
+    assert c["tokens"][0].tolist() == [0, 30, 100]  # cumulative generated tokens at each evaluation
+
+
+def test_summary_by_hand():
+    runs = {
+        "grpo": [run(0, 0.4, [0.5, 0.6]), run(1, 0.5, [0.5, 0.7])],
+        "trace": [run(0, 0.4, [0.6, 0.7], er=1.0, groups=6), run(1, 0.5, [0.6, 0.8], er=1.0, groups=6)],
+    }
+    rows = {r["method"]: r for r in summarize_compare(runs)}
+    t = rows["trace"]
+    assert t["acc_after"]["mean"] == pytest.approx(0.75)
+    # t interval over two seeds: 0.75 +- t(0.975, 1) * std(0.7, 0.8) / sqrt(2) = 0.75 +- 12.706 * 0.05
+    assert t["acc_after"]["hi"] - 0.75 == pytest.approx(12.7062 * 0.05, rel=1e-4)
+    assert t["gain"]["mean"] == pytest.approx(0.3)
+    # paired differences to GRPO: 0.1 on both seeds, so every bootstrap mean is 0.1
+    assert t["diff_vs_grpo"]["mean"] == pytest.approx(0.1) and t["diff_vs_grpo"]["lo"] == pytest.approx(0.1)
+    # seed 0: GRPO ends at 0.6; trace's curve (0, 0.4) (20, 0.6) reaches 0.6 at 20 rollouts
+    # seed 1: GRPO ends at 0.7; trace's curve (0, 0.5) (20, 0.6) (40, 0.8) reaches 0.7 at 30 rollouts
+    assert t["rollouts_to_grpo_final"]["mean"] == pytest.approx(25.0)
+    assert t["rollouts_to_grpo_final"]["reached"] == 2
+    assert t["tokens_to_grpo_final"]["mean"] == pytest.approx((200 + 300) / 2)
+    assert t["er_vs_grpo"] == pytest.approx(2.0)
+    assert t["groups_per_1k"]["mean"] == pytest.approx(1000 * 6 / 10)
+    assert rows["grpo"]["rollouts_to_grpo_final"]["mean"] == pytest.approx(40.0)
+    assert t["advantage"] == "trace" and t["seeds"] == [0, 1]
+    table = format_compare(list(rows.values()))
+    assert "+0.100 [+0.100, +0.100]" in table and "25 [" in table and "(2/2)" in table
+
+
+def test_a_method_that_never_reaches_grpo_final_says_so():
+    runs = {"grpo": [run(0, 0.4, [0.5, 0.9])], "pcl": [run(0, 0.4, [0.5, 0.6])]}
+    rows = {r["method"]: r for r in summarize_compare(runs)}
+    reach = rows["pcl"]["rollouts_to_grpo_final"]
+    assert reach["reached"] == 0 and math.isnan(reach["mean"])
+    assert "pcl" in format_compare(list(rows.values()))
+
+
+def test_pairing_is_checked_per_seed():
+    paired = {"grpo": [run(0, 0.4, [0.5, 0.6])], "trace": [run(0, 0.4, [0.5, 0.6])]}
+    assert check_pairing(paired) == []
+    other = {"grpo": [run(0, 0.4, [0.5, 0.6])], "trace": [run(0, 0.45, [0.5, 0.6], pools_digest="zz")]}
+    problems = check_pairing(other)
+    assert len(problems) == 2 and "pools_digest" in problems[0] and "accuracy_before" in problems[1]
+
+
+def test_cost_points_place_every_seed_at_the_mean_cost_of_its_evaluation():
+    pts = cost_points([(np.array([0.0, 100.0]), np.array([0.4, 0.6])), (np.array([0.0, 120.0]), np.array([0.5, 0.7]))])
+    assert [[p["step"] for p in seed] for seed in pts] == [[-1, 109], [-1, 109]]
+    assert [p["eval/accuracy"] for p in pts[1]] == [0.5, 0.7]
+
+
+def test_methods_with_an_advantage_estimator():
+    assert parse_method("trace:grpo") == ("trace", "grpo") and parse_method("pcl") == ("pcl", "")
+    assert run_dir_name("trace:grpo") == "trace_adv-grpo"
+    CompareConfig(methods=["grpo", "trace:tree_grpo"])
+    with pytest.raises(ValueError, match="advantage"):
+        CompareConfig(methods=["trace:nope"])
+    with pytest.raises(ValueError, match="unknown"):
+        CompareConfig(methods=["nope"])
+    with pytest.raises(ValueError, match="twice"):
+        CompareConfig(methods=["grpo", "grpo"])
+
+
+def _fake_train(calls):
+    def train(cfg):
+        calls.append((cfg.method, cfg.advantage, cfg.seed, cfg.resume))
+        out = Path(cfg.out)
+        r = run(cfg.seed, 0.4, [0.5, 0.6])
+        lines = [json.dumps({**x, "method": cfg.method}) for x in r["records"]]
+        (out / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+        summary = {k: v for k, v in r.items() if k != "records"}
+        (out / "train_summary.json").write_text(json.dumps({**summary, "steps": cfg.steps, "method": cfg.method}))
+        return summary
+
+    return train
+
+
+def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cmp, "train", _fake_train(calls))
+    monkeypatch.setattr(cmp, "plot_compare", lambda runs, out: None)
+    cfg = CompareConfig(out=str(tmp_path), methods=["grpo", "trace:grpo"], seeds=[0], train=TrainConfig(steps=4))
+    rows = cmp.run_compare(cfg)
+    assert calls == [("grpo", "", 0, True), ("trace", "grpo", 0, True)]
+    assert [r["method"] for r in rows] == ["grpo", "trace:grpo"] and rows[1]["advantage"] == "grpo"
+    assert (tmp_path / "trace_adv-grpo" / "seed0" / "run_settings.json").is_file()
+    cmp.run_compare(cfg)
+    assert len(calls) == 2  # both finished: read
+    # a study grown later: more seeds of grpo, and the table covers every finished run of the listed methods
+    more = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[1], train=TrainConfig(steps=4))
+    cmp.run_compare(more)
+    rows = cmp.run_compare(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4)))
+    assert rows[0]["seeds"] == [0, 1] and len(calls) == 3
+    changed = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4, eval_tasks=9))
+    with pytest.raises(ValueError, match="other settings.*eval_tasks"):
+        cmp.run_compare(changed)
+    (tmp_path / "grpo" / "seed0" / "run_settings.json").unlink()  # seed 0 trains anew; seed 1 is still refused
+    with pytest.raises(ValueError, match="seed1 holds a run with other settings"):
+        cmp.run_compare(changed)
+
+
+def test_standard_errors_of_an_evaluation_by_hand():
+    from trace_rl.train.trainer import accuracy_se
+
+    # task 0: 2 of 2 correct, task 1: 1 of 2, task 2: 0 of 2 -> per-task means 1, 0.5, 0
+    results = [{"index": i, "score": s} for i, scores in enumerate([(1, 1), (1, 0), (0, 0)]) for s in scores]
+    over_tasks, sampling = accuracy_se(results, 3)
+    assert over_tasks == pytest.approx(0.5 / math.sqrt(3))  # std(1, 0.5, 0) = 0.5
+    # sampling: only task 1 varies, c (S - c) / (S^2 (S - 1)) = 1 / 4 -> sqrt(1/4) / 3
+    assert sampling == pytest.approx(0.5 / 3)
+    assert math.isnan(accuracy_se([{"index": 0, "score": 1}, {"index": 1, "score": 0}], 2)[1])
