@@ -67,7 +67,7 @@ def undocumented_keys(cls) -> list[str]:
 
 COMMANDS = sorted(_config_classes())
 # keys whose only reader is their own __post_init__, because that is where they take effect
-DERIVED = {("simulate", "ablation")}  # chooses the default method list
+DERIVED = {("simulate", "ablation"), ("simulate", "preset")}  # choose the default methods / fill unset settings
 
 
 @pytest.fixture(scope="module")

@@ -122,7 +122,7 @@ def test_methods_with_an_advantage_estimator():
 
 
 def _fake_train(calls):
-    def train(cfg):
+    def train(cfg, config_yaml=""):
         calls.append((cfg.method, cfg.advantage, cfg.seed, cfg.resume))
         out = Path(cfg.out)
         r = run(cfg.seed, 0.4, [0.5, 0.6])

@@ -93,7 +93,7 @@ def build_policy(cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, 
         from ..backends.vllm import VLLMBackend
 
         if cfg.model == RANDOM_TINY:
-            raise ConfigError("model: random-tiny has no files for vLLM to load; use backend=hf or a model path")
+            raise ConfigError("policy.model: random-tiny has no files for vLLM to load; use backend=hf or a model path")
         path = resolve_model_path(cfg.model)
         backend = VLLMBackend.launch(path, tokenizer=tokenizer, seed=seed)
         stack = PolicyStack(backend, backend.tokenizer, model, shares_model=False)
@@ -105,7 +105,7 @@ def build_policy(cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, 
         from ..lm.models import load_tokenizer
 
         if model is not None:
-            raise ConfigError("backend: a server's weights cannot be updated from here; train with hf or vllm")
+            raise ConfigError("policy.backend: a server's weights cannot be updated from here; train with hf or vllm")
         tok = tokenizer or load_tokenizer(cfg.model)
         backend = OpenAIServerBackend(cfg.server_url, cfg.model, tok)
         try:  # one request: a server without token ids in and out is refused here, in one line
@@ -114,7 +114,7 @@ def build_policy(cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, 
             backend.close()
             raise ConfigError(f"policy.server_url: {err}") from None
         return PolicyStack(backend, tok, None, shares_model=False)
-    raise ConfigError(f"backend: unknown {cfg.backend!r}")
+    raise ConfigError(f"policy.backend: unknown {cfg.backend!r}")
 
 
 def build_predictor(cfg: LMPredictorConfig, method: Method, seed: int, warmup: Sequence = ()):

@@ -127,15 +127,17 @@ class LMPredictorConfig:
 
         if not Path(self.warmup).is_file():
             raise ConfigError(
-                f"warmup: no file {self.warmup} (trace-rl sft writes sft_eval_trees.jsonl beside the "
+                f"predictor.warmup: no file {self.warmup} (trace-rl sft writes sft_eval_trees.jsonl beside the "
                 "model; save_trees=true writes trees_<method>.jsonl)"
             )
         try:
             trees = load_trees(self.warmup)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, UnicodeDecodeError) as err:
-            raise ConfigError(f"warmup: {self.warmup} is not a trees file ({type(err).__name__}: {err})") from None
+            raise ConfigError(
+                f"predictor.warmup: {self.warmup} is not a trees file ({type(err).__name__}: {err})"
+            ) from None
         if not trees:
-            raise ConfigError(f"warmup: {self.warmup} holds no trees")
+            raise ConfigError(f"predictor.warmup: {self.warmup} holds no trees")
         return trees
 
 

@@ -43,6 +43,7 @@ from ..stats import cost_to_target_ci, mean_ci, paired_bootstrap_ci
 from .trainer import TrainConfig, train
 
 BASELINE = "grpo"
+DEFAULT_METHODS = ("grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace")
 RUN_SETTINGS = "run_settings.json"
 # settings that do not change what a run computes (where it writes, how it reports, whether it resumes)
 NOT_SETTINGS = ("out", "resume", "progress", "logger", "save_every", "keep_last")
@@ -64,8 +65,7 @@ class CompareConfig:
     """`trace-rl compare`: methods trained from one start at equal rollout budget, paired over seeds."""
 
     out: str = "runs/compare"  # directory: one training run per method and seed, the table and the plots
-    # a method, or method:advantage (e.g. trace:grpo = TRACE's allocation with GRPO's advantage)
-    methods: list[str] = field(default_factory=lambda: ["grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace"])
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))  # names, or method:advantage (trace:grpo)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one run per method and seed
     train: TrainConfig = field(default_factory=TrainConfig)  # the settings every run shares (its method is replaced)
 
