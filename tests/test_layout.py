@@ -60,6 +60,8 @@ HOLDS = {
     "diagnose": "`diagnose`: the predictor's calibration from a run",
     "cli": "the `trace-rl` command; imports each layer only for the command that needs it",
 }
+
+
 def _unit(path: Path) -> str:
     rel = path.relative_to(SRC).with_suffix("")
     return rel.parts[0]
