@@ -9,7 +9,7 @@ trajectory are nested. So for each tree the prompt is encoded once, its KV cache
 requested prefix on it (the hidden state at the last token of each turn). Encoders see both directions, so
 they score each prefix on its own; only identical texts are deduplicated.
 
-Training: weighted binary cross-entropy on soft targets in [0, 1] (`training_examples`), AdamW, a replay
+Training: binary cross-entropy on soft targets in [0, 1] (`training_examples`), AdamW, a replay
 window, the head always trained and the backbone only with train_backbone=True. Qwen3-0.6B (the paper's
 choice) is `LMCritic("Qwen/Qwen3-0.6B")`.
 """
