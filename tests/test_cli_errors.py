@@ -93,6 +93,8 @@ CASES = [
 def test_bad_input_is_one_line_naming_the_setting(files, capsys, argv, key):
     if argv[0] == "serve-retriever" and any(a.startswith(("host=", "port=busy")) for a in argv):
         pytest.importorskip("bm25s")  # the address is checked after the index is built (the envs extra)
+    if argv[0] in ("train", "compare"):
+        pytest.importorskip("torch")  # their settings load the trainer (the lm extra)
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)

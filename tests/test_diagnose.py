@@ -135,6 +135,7 @@ def test_node_records_mark_chosen_prefixes_with_their_flips():
 
 
 def test_diagnose_reads_a_compare_directory_per_method_directory(tmp_path):
+    pytest.importorskip("scipy")  # p-values come from scipy (the plots extra)
     rng = np.random.default_rng(2)
     for method in ("trace", "trace_adv-grpo"):
         for seed in (0, 1):

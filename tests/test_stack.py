@@ -9,7 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from trace_rl.cli import main
+pytest.importorskip("torch")  # the LM commands' settings load torch-backed modules (the lm extra)
+
+from trace_rl.cli import main  # noqa: E402
 
 
 def _closed_port() -> int:
