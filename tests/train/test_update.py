@@ -179,3 +179,20 @@ def test_update_kl_measures_how_far_the_step_moved():
     none = [{node.node_id: 0.0 for node in t.turns()} for t in trees]
     still = update_policy(model, make_optimizer(model, UpdateConfig()), trees, none, UpdateConfig())
     assert still["train/update_kl"] == pytest.approx(0.0, abs=1e-9) and still["train/adv_nonzero_token_share"] == 0
+
+
+@pytest.mark.parametrize("weighting,shared", [("first", 1.0), ("leaf", 2.0)])
+def test_update_weighting_setting_reaches_the_packer(weighting, shared):
+    """`update.weighting` decides how a turn on two paths is weighted in the step's batches."""
+    from trace_rl.train.update import _batches
+    from trace_rl.tree import RolloutTree
+
+    tree = RolloutTree(0)
+    tree.root.token_ids, tree.root.loss_mask = [5, 6], [0, 0]
+    a = tree.add_turn("0", token_ids=[7, 8], loss_mask=[1, 0], logprobs=[-1.0])
+    tree.add_turn(a.node_id, token_ids=[9], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=1.0)
+    tree.add_turn(a.node_id, token_ids=[10], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=0.0)
+    (b,) = _batches([tree], [{"0.0": 0.5, "0.0.0": 1.0, "0.0.1": -1.0}], UpdateConfig(weighting=weighting))
+    assert b.by_segment(b.advantages)[(0, "0.0")].tolist() == [0.5 * shared]
+    with pytest.raises(ValueError, match="weighting must be one of"):
+        UpdateConfig(weighting="none")

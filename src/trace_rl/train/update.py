@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..paths import check_weighting
 from ..tree import BRANCH, RolloutTree
 from .losses import AGGREGATIONS, KL_CLAMP, POLICY_LOSSES
 from .packing import PackedBatch, pack_paths, pack_trees, token_logprobs
@@ -59,11 +60,13 @@ class UpdateConfig:
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
     epochs: int = 1  # passes over the step's trees, one optimizer step each
     packing: str = "tree"  # tree: every tree token encoded once | flat: one row per root-to-leaf path
+    weighting: str = "first"  # a turn shared by k leaves: first (once) | leaf (k times, as flat rows) | split (1/k)
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of all weights (needs peft)
     lora_alpha: float = 16.0  # LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)
     lora_targets: tuple[str, ...] = LLAMA_LINEAR  # module names that get adapters
 
     def __post_init__(self):
+        check_weighting(self.weighting)
         if self.loss not in POLICY_LOSSES:
             raise ValueError(f"loss must be one of {sorted(POLICY_LOSSES)}, got {self.loss!r}")
         if self.aggregation not in AGGREGATIONS:
@@ -124,7 +127,7 @@ def make_optimizer(model, cfg: UpdateConfig) -> torch.optim.Optimizer:
 
 def _batches(trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: UpdateConfig) -> list[PackedBatch]:
     packer = pack_trees if cfg.packing == "tree" else pack_paths
-    return packer(trees, advantages, max_tokens=cfg.micro_batch_tokens)
+    return packer(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=cfg.weighting)
 
 
 def advantage_stats(
