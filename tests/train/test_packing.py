@@ -152,16 +152,21 @@ def test_eager_attention_honours_the_tree_mask(trees, reference):
         torch.testing.assert_close(got[k], v, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("weighting,shared", [("first", 1.0), ("split", 1.0), ("leaf", 2.0)])
-@pytest.mark.parametrize("packer", [pack_trees, pack_paths])
-def test_weighting_of_a_shared_turn_on_a_hand_built_tree(packer, weighting, shared):
-    """Turn 0.0 lies on both paths: trained once in either layout, with its advantage times 1, 1 or 2."""
+def shared_turn_tree() -> tuple[RolloutTree, dict[str, float]]:
+    """A prompt, one turn (0.0) and two leaves under it, with advantages: turn 0.0 lies on both paths."""
     tree = RolloutTree(0)
     tree.root.token_ids, tree.root.loss_mask = [5, 6], [0, 0]
     a = tree.add_turn("0", token_ids=[7, 8], loss_mask=[1, 0], logprobs=[-1.0])
     tree.add_turn(a.node_id, token_ids=[9], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=1.0)
     tree.add_turn(a.node_id, token_ids=[10], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=0.0)
-    adv = {"0.0": 0.5, "0.0.0": 1.0, "0.0.1": -1.0}
+    return tree, {"0.0": 0.5, "0.0.0": 1.0, "0.0.1": -1.0}
+
+
+@pytest.mark.parametrize("weighting,shared", [("first", 1.0), ("split", 1.0), ("leaf", 2.0)])
+@pytest.mark.parametrize("packer", [pack_trees, pack_paths])
+def test_weighting_of_a_shared_turn_on_a_hand_built_tree(packer, weighting, shared):
+    """Turn 0.0 lies on both paths: trained once in either layout, with its advantage times 1, 1 or 2."""
+    tree, adv = shared_turn_tree()
     (b,) = packer([tree], [adv], weighting=weighting)
     assert sorted(b.segments) == [(0, "0.0"), (0, "0.0.0"), (0, "0.0.1")]
     got = {key: v.tolist() for key, v in b.by_segment(b.advantages).items()}

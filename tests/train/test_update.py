@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from test_packing import random_tree
+from test_packing import random_tree, shared_turn_tree
 
 from trace_rl.lm.models import create_tiny_model
 from trace_rl.train.packing import flat_token_logprobs
@@ -185,14 +185,9 @@ def test_update_kl_measures_how_far_the_step_moved():
 def test_update_weighting_setting_reaches_the_packer(weighting, shared):
     """`update.weighting` decides how a turn on two paths is weighted in the step's batches."""
     from trace_rl.train.update import _batches
-    from trace_rl.tree import RolloutTree
 
-    tree = RolloutTree(0)
-    tree.root.token_ids, tree.root.loss_mask = [5, 6], [0, 0]
-    a = tree.add_turn("0", token_ids=[7, 8], loss_mask=[1, 0], logprobs=[-1.0])
-    tree.add_turn(a.node_id, token_ids=[9], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=1.0)
-    tree.add_turn(a.node_id, token_ids=[10], loss_mask=[1], logprobs=[-1.0], terminal=True, reward=0.0)
-    (b,) = _batches([tree], [{"0.0": 0.5, "0.0.0": 1.0, "0.0.1": -1.0}], UpdateConfig(weighting=weighting))
+    tree, adv = shared_turn_tree()
+    (b,) = _batches([tree], [adv], UpdateConfig(weighting=weighting))
     assert b.by_segment(b.advantages)[(0, "0.0")].tolist() == [0.5 * shared]
     with pytest.raises(ValueError, match="weighting must be one of"):
         UpdateConfig(weighting="none")

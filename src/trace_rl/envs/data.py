@@ -65,7 +65,7 @@ SEARCH_R1_PREFIX = re.compile(r"\AAnswer the given question\. .*?<answer> Beijin
 
 
 def data_root() -> Path:
-    """TRACE_RL_DATA, else the workplace's shared/data beside (or inside) the checkout."""
+    """TRACE_RL_DATA, else the shared/data folder beside (or inside) the checkout."""
     env = os.environ.get("TRACE_RL_DATA")
     if env:
         return Path(env)
