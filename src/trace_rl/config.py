@@ -32,7 +32,9 @@ FLAG_ALIASES = {
 
 
 def _fields(cls) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if f.init]
+    """The settings of `cls`, its own before those it inherits (`train` lists out, seed, ... before the LM stack)."""
+    own = inspect.get_annotations(cls)
+    return sorted((f for f in dataclasses.fields(cls) if f.init), key=lambda f: f.name not in own)
 
 
 def _nested(cls) -> dict[str, type]:
@@ -52,12 +54,17 @@ def _leaves(cls, prefix: str = "") -> dict[str, Any]:
 
 
 def _docs(cls) -> dict[str, str]:
-    """Field name -> the comment beside it in the class body."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\s+(\w+)\s*:[^#\n]*#\s*(.*)$", source, re.M)}
+    """Field name -> the comment beside it in the body of the class that declares it (`cls` or a base)."""
+    docs: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        docs.update(
+            {m.group(1): m.group(2).strip() for m in re.finditer(r"^\s+(\w+)\s*:[^#\n]*#\s*(.*)$", source, re.M)}
+        )
+    return docs
 
 
 def help_text(cls, command: str) -> str:
@@ -194,7 +201,16 @@ def load_config(cls, argv: list[str]):
         raise
     except (ValueError, TypeError) as err:
         raise ConfigError(_qualify(str(err), cls)) from None
-    return obj, OmegaConf.to_yaml(OmegaConf.structured(obj))
+    return obj, OmegaConf.to_yaml(_in_order(OmegaConf.structured(obj), cls))
+
+
+def _in_order(node, cls) -> dict:
+    """A resolved config as nested dicts in `_fields` order, so config.yaml reads like --help (OmegaConf writes
+    inherited settings first)."""
+    return {
+        name: _in_order(node[name], typ) if dataclasses.is_dataclass(typ) else node[name]
+        for name, typ in _nested(cls).items()
+    }
 
 
 def write_config(yaml_text: str, out_dir: str | Path) -> Path:

@@ -1,7 +1,8 @@
 """The settings groups every LM command shares: `policy.*`, `predictor.*`, `env.*`, `engine.*`.
 
 `rollout`, `train`, `compare`, `eval` and `sft` take these same dataclasses, so a key is spelled, defaulted
-and checked once. Each `__post_init__` refuses a bad value before any work, with one line that names the key
+and checked once; `rollout` and `train` (and so `compare`) inherit them all, with the executor and the budget,
+from `LMRunConfig`. Each `__post_init__` refuses a bad value before any work, with one line that names the key
 (the config loader adds the group): a device that is not here, a backend that is not installed, a server that
 does not answer a short probe, a model that is neither local, cached nor reachable, a retriever URL that is not
 http(s), a warm-start file that holds no trees. The probes are short (a few seconds at most) and run once, when
@@ -22,7 +23,10 @@ from pathlib import Path
 from ..backends.base import SamplingParams
 from ..envs.registry import CALCULATOR_MIX, ENVS
 from ..errors import ConfigError
+from ..methods import BudgetPlan
+from ..rollout.engine import EXECUTORS
 from ..rollout.lm_actor import BATCHING
+from ..rollout.ray_executor import RayConfig
 
 BACKENDS = ("hf", "vllm", "server")
 SERVER_PROBE_S = 3.0  # seconds the start-up probe of `policy.server_url` waits for /v1/models
@@ -184,6 +188,25 @@ class EngineConfig:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {self.batching!r}")
         if self.env_workers < 1:
             raise ValueError(f"env_workers must be >= 1, got {self.env_workers}")
+
+
+@dataclass
+class LMRunConfig:
+    """What every command that grows LM agents' trees shares (`train`, `rollout`): where the trees grow, the
+    budget, and the LM stack. Their configs inherit it; `--help` lists a command's own keys first (`config._fields`),
+    while its config.yaml, written by OmegaConf, starts with these."""
+
+    executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
+    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
+    budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
+    policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
+    predictor: LMPredictorConfig = field(default_factory=LMPredictorConfig)
+    env: LMEnvConfig = field(default_factory=LMEnvConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
 
 
 def check_seed(seed: int, key: str = "seed") -> None:

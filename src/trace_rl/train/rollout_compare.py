@@ -13,21 +13,20 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..methods import METHODS, BudgetPlan, get_method
+from ..methods import METHODS, get_method
 from ..predictors.diagnostics import node_records
-from ..rollout.engine import EXECUTORS, make_executor
-from ..rollout.ray_executor import RayConfig
+from ..rollout.engine import make_executor
 from ..rollout.records import MetricsWriter, step_record
 from ..seeding import derive_seed
 from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
-from ..stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig, check_methods, check_seed
+from ..stack.config import LMRunConfig, check_methods, check_seed
 from ..tree import save_trees
 
 DEFAULT_METHODS = ("grpo", "pcl", "treepo", "trace_root_only", "trace")
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(LMRunConfig):
     """`trace-rl rollout`: methods compared on LM agents' trees from one frozen policy."""
 
     out: str = "runs/rollout"  # run directory: config.yaml, metrics.jsonl, summary, plots, trees
@@ -36,17 +35,10 @@ class RolloutConfig:
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))  # each grows trees on the same pools
     save_trees: bool = False  # write every method's trees (token ids, masks, log-probs, rewards) to trees_<m>.jsonl
     progress: bool = True  # a progress line on stderr
-    executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
-    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
-    budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
-    policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
-    predictor: LMPredictorConfig = field(default_factory=LMPredictorConfig)
-    env: LMEnvConfig = field(default_factory=LMEnvConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    # executor, ray, budget, policy, predictor, env, engine: inherited from LMRunConfig, as in `train`
 
     def __post_init__(self):
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        super().__post_init__()
         oracle = [m for m in self.methods if m in METHODS and METHODS[m].predictor == "oracle"]
         if oracle:
             raise ValueError(f"methods: {oracle} need the exact V that only the testbed has (trace-rl simulate)")

@@ -31,20 +31,19 @@ from pathlib import Path
 
 from ..advantages import ADVANTAGES, batch_advantages
 from ..errors import UserError
-from ..methods import METHODS, BudgetPlan, get_method
-from ..rollout.engine import EXECUTORS, make_executor
-from ..rollout.ray_executor import RayConfig
+from ..methods import METHODS, get_method
+from ..rollout.engine import make_executor
 from ..rollout.records import step_record
 from ..seeding import derive_seed
 from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
-from ..stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig, check_seed
+from ..stack.config import LMRunConfig, check_seed
 from .checkpoint import checkpoints, restore, resume_point, save_checkpoint
 from .loggers import SINKS, StepLogger
 from .update import UpdateConfig, make_optimizer, update_policy
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(LMRunConfig):
     """`trace-rl train`: train an LM agent with TRACE (or a baseline) at a fixed rollout budget per step."""
 
     out: str = "runs/train"  # run directory: config.yaml, metrics.jsonl, checkpoints global_step_N/, plots
@@ -60,13 +59,7 @@ class TrainConfig:
     keep_last: int = 2  # checkpoints kept on disk
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])  # console, jsonl, tensorboard, wandb
     progress: bool = True  # progress bars for rollouts, update and evaluation
-    executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
-    ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
-    budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
-    policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
-    predictor: LMPredictorConfig = field(default_factory=LMPredictorConfig)
-    env: LMEnvConfig = field(default_factory=LMEnvConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    # executor, ray, budget, policy, predictor, env, engine: inherited from LMRunConfig, as in `rollout`
     update: UpdateConfig = field(default_factory=UpdateConfig)
 
     def __post_init__(self):
@@ -93,8 +86,7 @@ class TrainConfig:
         check_seed(self.seed)
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        super().__post_init__()  # the executor
         if not self.policy.temperature > 0:
             raise ValueError("policy.temperature must be > 0 to train: the update needs the sampling log-probs")
         if self.policy.backend == "server":
