@@ -8,13 +8,8 @@
 # declares no torch; TransferQueue and the small servers below are what its V1 trainer imports beyond its
 # install_requires (verl's own "verl-core" extra lists them with GPU-only packages we skip).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-VENV=${VENV:-.venv-verl}
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
-$PIP --upgrade pip
-$PIP "${TORCH_SPEC:-torch==2.13.0}"
+. "$(dirname "$0")/lib_env.sh" .venv-verl  # cd to the root, the venv, PIP, TORCH_SPEC
+$PIP "$TORCH_SPEC"
 $PIP "verl==0.9.1" "TransferQueue>=0.1.10" cachetools uvicorn fastapi pyzmq msgspec
 # the project on top without its own requirements: verl's hydra-core pins omegaconf<2.4 while trace-rl's command
 # line needs 2.4 (PEP 585 list[...] settings); the integration never reads a trace-rl config, so the pin wins here.

