@@ -4,7 +4,7 @@
 
 install: .venv/.installed
 
-.venv/.installed: pyproject.toml scripts/install.sh
+.venv/.installed: pyproject.toml scripts/install.sh scripts/lib_env.sh
 	scripts/install.sh
 	touch $@
 
@@ -42,7 +42,7 @@ lint: install
 test: lint
 	.venv/bin/python -m pytest tests
 
-.venv-core/.installed: pyproject.toml scripts/install.sh
+.venv-core/.installed: pyproject.toml scripts/install.sh scripts/lib_env.sh
 	VENV=.venv-core CORE_ONLY=1 scripts/install.sh
 	touch $@
 
