@@ -26,7 +26,6 @@ TASK_WORDS = (
 
 def byte_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
@@ -35,22 +34,13 @@ def byte_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<|pad|>",
-        eos_token="<|im_end|>",
-        bos_token=None,
-        additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return _chat_tokenizer(tok)
 
 
 def word_tokenizer(words: tuple[str, ...] | list[str] = TASK_WORDS):
     import string
 
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + ["<unk>"])}
     for item in list(string.printable) + list(words):
@@ -59,13 +49,20 @@ def word_tokenizer(words: tuple[str, ...] | list[str] = TASK_WORDS):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     tok.decoder = decoders.Fuse()
+    return _chat_tokenizer(tok, unk_token="<unk>")
+
+
+def _chat_tokenizer(tok, **special: str):
+    """`tok` in Hugging Face form with the ChatML specials and template both tokenizers share."""
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<|pad|>",
         eos_token="<|im_end|>",
-        unk_token="<unk>",
         bos_token=None,
         additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
+        **special,
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
