@@ -193,8 +193,8 @@ class EngineConfig:
 @dataclass
 class LMRunConfig:
     """What every command that grows LM agents' trees shares (`train`, `rollout`): where the trees grow, the
-    budget, and the LM stack. Their configs inherit it; `--help` lists a command's own keys first (`config._fields`),
-    while its config.yaml, written by OmegaConf, starts with these."""
+    budget, and the LM stack. Their configs inherit it; `--help` and config.yaml list a command's own keys
+    before these (`config._fields`)."""
 
     executor: str = "local"  # where prompt trees grow: local (asyncio in this process) or ray (Ray workers)
     ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
