@@ -110,3 +110,22 @@ def test_the_check_finds_a_dead_key(tmp_path):
 
     assert dead_keys(Demo, _reads([source])) == ["zz_dead_key", "zz_other_key"]
     assert undocumented_keys(Demo) == ["zz_dead_key"]
+
+
+def test_inherited_settings_keep_their_docs_and_follow_a_commands_own():
+    """`rollout` and `train` inherit the LM run groups (`stack.config.LMRunConfig`): the doc comments written
+    on the base show in --help, and a command's own keys lead both --help and the config.yaml it writes."""
+    from trace_rl.config import help_text, load_config
+    from trace_rl.stack.config import LMRunConfig
+
+    try:
+        cls = _load_class(_config_classes()["rollout"][0])
+    except ImportError as err:
+        pytest.skip(f"rollout needs a package that is not installed ({err})")
+    assert issubclass(cls, LMRunConfig)
+    text = help_text(cls, "rollout")
+    assert text.index("\n    out=") < text.index("\n    executor=") < text.index("\n    policy.model=")
+    assert "where prompt trees grow" in text.split("\n    executor=")[1].splitlines()[0]
+    _, yaml_text = load_config(cls, ["policy.model=random-tiny"])
+    keys = [line.split(":")[0] for line in yaml_text.splitlines() if line and not line.startswith((" ", "-"))]
+    assert keys[:3] == ["out", "seed", "steps"] and keys.index("methods") < keys.index("executor")
