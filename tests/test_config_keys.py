@@ -129,3 +129,15 @@ def test_inherited_settings_keep_their_docs_and_follow_a_commands_own():
     _, yaml_text = load_config(cls, ["policy.model=random-tiny"])
     keys = [line.split(":")[0] for line in yaml_text.splitlines() if line and not line.startswith((" ", "-"))]
     assert keys[:3] == ["out", "seed", "steps"] and keys.index("methods") < keys.index("executor")
+
+
+def test_help_shows_the_commands_own_default_of_a_group_it_overrides():
+    from trace_rl.config import help_text
+    from trace_rl.train.rollout_compare import RolloutConfig
+    from trace_rl.train.trainer import TrainConfig
+
+    train, rollout = help_text(TrainConfig, "train"), help_text(RolloutConfig, "rollout")
+    assert f"budget.prompts={TrainConfig().budget.prompts} " in train
+    assert f"budget.prompts={RolloutConfig().budget.prompts} " in rollout
+    assert TrainConfig().budget.prompts != RolloutConfig().budget.prompts  # else this test shows nothing
+    assert "env.digits=2 " in train and "env.digits=1,2,3 " in rollout

@@ -71,15 +71,19 @@ def help_text(cls, command: str) -> str:
     """Every key with its default and doc, grouped as in the dataclass."""
     lines = [f"usage: trace-rl {command} [--config FILE.yaml] [key=value ...]", "", (cls.__doc__ or "").strip(), ""]
 
-    def walk(c, prefix: str) -> None:
+    def walk(c, prefix: str, group=None) -> None:
         docs = _docs(c)
         for f in _fields(c):
             # the field's own default, not an instance: a command whose defaults need a value (a run
-            # directory to read) cannot be built empty, but its help must still list every key
-            value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            # directory to read) cannot be built empty, but its help must still list every key; inside a
+            # group, the value the command's default gives it (train's budget is not rollout's)
+            if group is not None:
+                value = getattr(group, f.name)
+            else:
+                value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             if dataclasses.is_dataclass(value):
                 lines.append(f"  {prefix}{f.name}.*   {(type(value).__doc__ or '').strip().splitlines()[0]}")
-                walk(type(value), f"{prefix}{f.name}.")
+                walk(type(value), f"{prefix}{f.name}.", value)
             else:
                 shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else repr(value)
                 lines.append(f"    {prefix}{f.name}={shown}".ljust(44) + f"  {docs.get(f.name, '')}")

@@ -155,3 +155,23 @@ def test_compare_runs_are_paired_and_a_rerun_reads_them(tmp_path, capsys):
     assert (tmp_path / "trace" / "seed3" / "metrics.jsonl").stat().st_mtime_ns == stamp  # read, not rerun
     for png in ("accuracy_vs_rollouts.png", "accuracy_vs_tokens.png", "chain.png"):
         assert (tmp_path / png).is_file(), png
+
+
+def test_compare_evaluates_the_start_once_per_seed_and_gets_the_number_a_lone_run_gets(tmp_path, monkeypatch):
+    import trace_rl.train.trainer as trainer
+    from trace_rl.train.compare import load_runs
+
+    calls = []
+    real = trainer.evaluate_policy
+    monkeypatch.setattr(
+        trainer, "evaluate_policy", lambda cfg, actor, tasks, step: calls.append(step) or real(cfg, actor, tasks, step)
+    )
+    args = ["compare", f"out={tmp_path / 'cmp'}", "methods=[grpo,trace]", "seeds=[3]", "train.steps=1"]
+    assert main(args + [f"train.{a}" for a in SMALL]) == 0
+    assert calls.count(0) == 1  # the second method of the seed reads the first one's evaluation
+    runs = load_runs(tmp_path / "cmp", ["grpo", "trace"])
+    shared = runs["trace"][0]["records"][0]
+    assert shared["eval/accuracy_before"] == runs["grpo"][0]["records"][0]["eval/accuracy_before"]
+    assert main(["train", f"out={tmp_path / 'alone'}", "method=trace", "seed=3", "steps=1", *SMALL]) == 0
+    alone = json.loads((tmp_path / "alone" / "train_summary.json").read_text())
+    assert alone["before"] == runs["trace"][0]["before"]  # evaluated on its own: the very same figures

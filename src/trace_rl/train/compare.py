@@ -17,6 +17,8 @@ its newest checkpoint. Each run directory keeps the settings it was trained with
 run trained with other settings is refused rather than mixed in. The table covers every finished run of the
 listed methods found under `out`, seeds beyond those listed included, so a study grown over several
 invocations (5 seeds of some methods, 3 of others) is summarised whole; each row says how many seeds it holds.
+Runs go seed by seed (every method of seed 0, then seed 1, ...), so a study stopped part-way holds complete
+pairs; the evaluation before training, the same for every method of a seed, is computed once per seed.
 
 Limits: with 3-5 seeds the intervals are wide and the bootstrap one is coarse (see `stats`); costs-to-target
 average the seeds that got there, so read them with the count. Wall-clock sums the logged step, update and
@@ -128,8 +130,16 @@ def _run_config(cfg: CompareConfig, spec: str, seed: int) -> TrainConfig:
     return run_cfg
 
 
+def start_settings(cfg: TrainConfig) -> dict:
+    """What the evaluation before training computes from: the start policy, the held-out tasks (seed, env,
+    count) and the sampling; not the method, its budget or its update."""
+    d = run_settings(cfg)
+    return {k: d[k] for k in ("seed", "eval_tasks", "eval_samples", "policy", "env", "engine")}
+
+
 def run_one(cfg: CompareConfig, spec: str, seed: int) -> Path:
-    """Train (or resume, or just find) one method's run on one seed; returns its directory."""
+    """Train (or resume, or just find) one method's run on one seed; returns its directory. The evaluation
+    before training is computed by the seed's first run and handed to the others (`before_seed{N}.json`)."""
     run_cfg = _run_config(cfg, spec, seed)
     run = Path(run_cfg.out)
     if _finished(run, run_cfg):
@@ -140,7 +150,13 @@ def run_one(cfg: CompareConfig, spec: str, seed: int) -> Path:
     print(f"== {spec}, seed {seed}", file=sys.stderr)
     from omegaconf import OmegaConf
 
-    train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)))  # each run's checkpoints hold its own config
+    shared = Path(cfg.out) / f"before_seed{seed}.json"
+    key = start_settings(run_cfg)
+    cached = json.loads(shared.read_text()) if shared.exists() else {}
+    before = cached.get("before") if cached.get("settings") == key else None
+    summary = train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)), before=before)
+    if before is None and summary.get("before"):
+        shared.write_text(json.dumps({"settings": key, "before": summary["before"]}, indent=2))
     return run
 
 
@@ -168,8 +184,8 @@ def run_compare(cfg: CompareConfig, config_yaml: str = "") -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     if config_yaml:
         (out / "config.yaml").write_text(config_yaml)
-    for spec in cfg.methods:
-        for seed in cfg.seeds:
+    for seed in cfg.seeds:  # seed by seed: a study stopped part-way holds complete pairs
+        for spec in cfg.methods:
             run_one(cfg, spec, seed)
     runs = load_runs(out, cfg.methods, cfg)
     for problem in check_pairing(runs):

@@ -51,10 +51,10 @@ class UpdateConfig:
     clip_ratio_high: float | None = None  # upper clip (DAPO's clip-higher uses 0.28); None: clip_ratio
     clip_ratio_c: float | None = None  # dual clip bound for negative advantages (> 1, e.g. 3); None: off
     kl_coef: float = 0.0  # weight of the k3 KL to the reference model in the loss (0: reported only)
-    # 1e-4: the tiny model is warm-started at 1e-3 (train/sft.py) and RL steps are usually an order of
-    # magnitude below the supervised rate; at 1e-5 a 0.8M-parameter model barely moves in a short run.
-    # Use about 1e-6 for 100M+ models (verl's default for Qwen-scale actors).
-    lr: float = 1e-4  # AdamW learning rate
+    # 2e-4 for the tiny warm-started model (train/sft.py trains it at 1e-3): at 3e-4 the KL of one update reaches
+    # 0.01-0.02 and held-out accuracy falls in the first steps; at 1e-4 a 40-step run barely moves
+    # (docs/results/2026-12-01-accuracy-lm.md). Use about 1e-6 for 100M+ models (verl's default for Qwen-scale actors).
+    lr: float = 2e-4  # AdamW learning rate
     weight_decay: float = 0.0  # AdamW decay; 0 because decay pulls a warm-started policy off regardless of reward
     max_grad_norm: float = 1.0  # clip the global gradient norm (0: no clipping, norm still reported)
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
