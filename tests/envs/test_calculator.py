@@ -63,3 +63,13 @@ def test_a_rows_system_message_is_kept_before_the_tool_instructions():
     assert prompt.startswith("You are a careful assistant.") and prompt.endswith(CalculatorEnv.system)
     env.reset(make_tasks(1, seed=0)[0])
     assert env.system_prompt() == CalculatorEnv.system
+
+
+def test_model_text_that_is_not_arithmetic_is_refused_without_a_parser_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a SyntaxWarning on stderr would interleave with every progress line
+        for text in ("12x", "3 4", "0x1g", "1_"):
+            with pytest.raises(ValueError):
+                safe_eval(text)

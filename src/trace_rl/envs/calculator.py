@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import warnings
 
 import numpy as np
 
@@ -98,7 +99,10 @@ def safe_eval(expr: str) -> int:
     if len(expr) > 64:
         raise ValueError("expression too long")
     try:
-        return ev(ast.parse(expr.strip(), mode="eval"))
+        with warnings.catch_warnings():  # model text such as "12x": the parser's warning is not the user's business
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(expr.strip(), mode="eval")
+        return ev(tree)
     except SyntaxError:
         raise ValueError("not an arithmetic expression") from None
 
