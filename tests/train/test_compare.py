@@ -74,6 +74,10 @@ def test_summary_by_hand():
     assert t["gain"]["mean"] == pytest.approx(0.3)
     # paired differences to GRPO: 0.1 on both seeds, so every bootstrap mean is 0.1
     assert t["diff_vs_grpo"]["mean"] == pytest.approx(0.1) and t["diff_vs_grpo"]["lo"] == pytest.approx(0.1)
+    # accuracy over the evaluations after the start: trace (0.6+0.7)/2, (0.6+0.8)/2; grpo 0.55, 0.6
+    assert t["acc_mean"]["mean"] == pytest.approx((0.65 + 0.7) / 2)
+    assert t["mean_diff_vs_grpo"]["mean"] == pytest.approx((0.1 + 0.1) / 2)
+    assert rows["grpo"]["acc_mean"]["mean"] == pytest.approx((0.55 + 0.6) / 2)
     # seed 0: GRPO ends at 0.6; trace's curve (0, 0.4) (20, 0.6) reaches 0.6 at 20 rollouts
     # seed 1: GRPO ends at 0.7; trace's curve (0, 0.5) (20, 0.6) (40, 0.8) reaches 0.7 at 30 rollouts
     assert t["rollouts_to_grpo_final"]["mean"] == pytest.approx(25.0)
@@ -122,7 +126,7 @@ def test_methods_with_an_advantage_estimator():
 
 
 def _fake_train(calls):
-    def train(cfg, config_yaml=""):
+    def train(cfg, config_yaml="", before=None):
         calls.append((cfg.method, cfg.advantage, cfg.seed, cfg.resume))
         out = Path(cfg.out)
         r = run(cfg.seed, 0.4, [0.5, 0.6])

@@ -5,12 +5,13 @@ the same rollout budget per step; the table reads what the budget bought.
 Per method (a method name, or `method:advantage` to train an allocation with another advantage estimator, so
 allocation and update can be told apart): held-out accuracy before and after and the gain, each with a 95% t
 interval over seeds; the paired difference to GRPO's final accuracy on the same seeds with a bootstrap 95%
-interval; rollouts and generated tokens needed to reach GRPO's final accuracy of the same seed (first crossing
-of the curve, linear between evaluations, 0 rollouts = the accuracy before), with a t interval over the seeds
-that reached it and their count; effective ratio (and its ratio to GRPO's), contrast groups per 1k rollouts;
-the chain per step (share of trained tokens with a non-zero advantage, gradient norm, KL of the update);
-rollouts, tokens and wall-clock. PNG plots: accuracy against rollouts and against tokens (from 0, seed bands),
-effective ratio per step, and the chain.
+interval; the same two for the accuracy averaged over the evaluations after the start (less at the mercy of the
+last step's swing); rollouts and generated tokens needed to reach GRPO's final accuracy of the same seed (first
+crossing of the curve, linear between evaluations, 0 rollouts = the accuracy before), with a t interval over the
+seeds that reached it and their count; effective ratio (and its ratio to GRPO's), contrast groups per 1k
+rollouts; the chain per step (share of trained tokens with a non-zero advantage, gradient norm, KL of the
+update); rollouts, tokens and wall-clock. PNG plots: accuracy against rollouts and against tokens (from 0, seed
+bands), effective ratio per step, and the chain.
 
 Resuming: a run whose train_summary.json says it finished is read, not rerun; an unfinished one resumes from
 its newest checkpoint. Each run directory keeps the settings it was trained with (run_settings.json), and a
@@ -230,6 +231,13 @@ def curves(summary: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"rollouts": (np.array(rollouts), y), "tokens": (np.array(tokens), y)}
 
 
+def mean_trained_accuracy(summary: dict) -> float:
+    """Held-out accuracy averaged over the evaluations after training began. A policy trained with small steps
+    swings from one evaluation to the next by more than the sampling error; the mean over the run's evaluations
+    is less at the mercy of where the last step happened to land than the final accuracy alone."""
+    return float(np.mean(curves(summary)["rollouts"][1][1:]))
+
+
 def _ci(values: list[float]) -> dict:
     m, lo, hi = mean_ci(values)
     return {"mean": m, "lo": lo, "hi": hi}
@@ -257,6 +265,7 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             "acc_before": _ci([s["accuracy_before"] for s in seeds]),
             "acc_after": _ci([s["accuracy_after"] for s in seeds]),
             "gain": _ci([s["accuracy_after"] - s["accuracy_before"] for s in seeds]),
+            "acc_mean": _ci([mean_trained_accuracy(s) for s in seeds]),
             "eval_se": float(np.mean([s.get("accuracy_se") or math.nan for s in seeds])),
             "eval_se_sampling": float(np.mean([s.get("accuracy_se_sampling") or math.nan for s in seeds])),
             "effective_ratio": _ci(er),
@@ -277,6 +286,10 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             ours, theirs = [s["accuracy_after"] for s in paired], [base[s["seed"]]["accuracy_after"] for s in paired]
             m, lo, hi = paired_bootstrap_ci(ours, theirs)
             row["diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
+            m, lo, hi = paired_bootstrap_ci(
+                [mean_trained_accuracy(s) for s in paired], [mean_trained_accuracy(base[s["seed"]]) for s in paired]
+            )
+            row["mean_diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
             base_er = float(np.mean(_per_run_mean([base[s["seed"]] for s in paired], "rollout/effective_ratio")))
             ours_er = float(np.mean([e for e, s in zip(er, seeds) if s["seed"] in base]))
             row["er_vs_grpo"] = ours_er / base_er if base_er else math.nan
@@ -313,6 +326,8 @@ def format_compare(rows: list[dict]) -> str:
                 "acc_after": _fmt_ci(r["acc_after"]),
                 "gain": _fmt_ci(r["gain"], signed=True),
                 "after_vs_grpo": _fmt_ci(r.get("diff_vs_grpo"), signed=True),
+                "acc_mean": _fmt_ci(r["acc_mean"]),
+                "mean_vs_grpo": _fmt_ci(r.get("mean_diff_vs_grpo"), signed=True),
                 "rollouts_to_grpo_final": _fmt_ci(reach, digits=0) if reach and reach["reached"] else "-",
                 "tokens_to_grpo_final": _fmt_ci(r.get("tokens_to_grpo_final"), digits=0) if reach else "-",
                 "effective_ratio": _fmt_ci(r["effective_ratio"]),
@@ -327,7 +342,8 @@ def format_compare(rows: list[dict]) -> str:
             }
         )
     note = (
-        "mean [95% interval] over seeds; after_vs_grpo: paired bootstrap over common seeds; "
+        "mean [95% interval] over seeds; after_vs_grpo: paired bootstrap over common seeds; acc_mean: accuracy "
+        "averaged over the evaluations after the start (mean_vs_grpo: its paired difference); "
         "*_to_grpo_final: first crossing of GRPO's final accuracy on the same seed (seeds reached/seeds)"
     )
     for key, what in (("eval_se", "over tasks"), ("eval_se_sampling", "of the sampling on the held-out set")):
