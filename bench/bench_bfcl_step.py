@@ -8,6 +8,7 @@ Prints figures, asserts nothing. Run: PYTHONPATH=src python bench/bench_bfcl_ste
 
 from __future__ import annotations
 
+import importlib.util
 import resource
 import statistics
 import sys
@@ -36,10 +37,18 @@ def measure(label: str, n: int) -> None:
     env.calls = [[[c for c in calls]] if calls else [] for calls in entry["answer"]]
     env.turn_index = len(entry["answer"]) - 1
     score = median_ms(env.score, max(3, n // 10))
+    bare = ""
+    if importlib.util.find_spec("trace_rl.envs.bounded") is not None:  # absent before the worker existed
+        from trace_rl.envs.bfcl_env import _probe_calls  # with no calls: nothing but the copy
+        from trace_rl.envs.bounded import run_bounded, run_forked
+
+        fork = median_ms(lambda: run_forked(lambda tick: None, 2.0), n)
+        worker = median_ms(lambda: run_bounded(_probe_calls, ({}, []), 2.0), n)
+        bare = f"; an empty bounded run: {worker:.2f} ms on the worker, {fork:.2f} ms forking this process"
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         f"{label} (max RSS {rss:.0f} MiB): {step:.2f} ms per one-call step, {score:.1f} ms per episode scored, "
-        f"{direct:.3f} ms for the call itself"
+        f"{direct:.3f} ms for the call itself{bare}"
     )
 
 
