@@ -92,3 +92,13 @@ def test_concurrent_callers_each_get_a_worker():
     for t in threads:
         t.join()
     assert out == [("ok", "all done", 1)] * 4
+
+
+def test_a_worker_that_does_not_answer_within_the_bound_is_killed(monkeypatch):
+    used = []
+    take = bounded._take
+    monkeypatch.setattr(bounded, "_take", lambda: used.append(take()) or used[-1])
+    monkeypatch.setattr(bounded, "_idle", [])
+    monkeypatch.setattr(bounded, "GRACE_S", -4.5)  # the caller gives up 0.5 s in, before the worker's own limit
+    assert run_bounded(items, ([3.0],), 5.0) == ("timeout", None, 0)
+    assert used[0].proc.poll() is not None and bounded._idle == []  # killed, not handed back

@@ -29,13 +29,14 @@ checker, which `eval`s them: calls with non-literal arguments never reach it.
 
 Time: each backend call may take `call_timeout_s`, the calls of one step together STEP_BUDGET times that,
 scoring SCORE_BUDGET times that (the runner has no limit; `power(base=10, exponent=10**7)` took 21 s). A
-step's calls first run on a forked copy of the process (`run_bounded`); a call past the limit is stopped there
-and reported, and only the calls before it then run here for real, each known to finish because the backends
-are deterministic given their state, which the copy shares. Scoring runs the checker in a forked copy too;
-past its budget the episode fails (error_type "trace_rl:scoring"). The trade-off: one fork per step with calls
-and one per episode (milliseconds in a small process, more with a large address space), and each call runs
-twice; bounding arguments instead would need a cost model of every backend function. Where fork is unavailable
-(not Linux or macOS), calls run unbounded.
+step's calls first run on a bounded copy of the backends (`bounded.run_bounded`: a fork of a small worker
+process that receives the backends pickled, so the copy's cost does not grow with this process's memory); a
+call past the limit is stopped there and reported, and only the calls before it then run here for real, each
+known to finish because the backends are deterministic given their state, which the copy holds. Scoring runs
+the checker in a bounded copy too; past its budget the episode fails (error_type "trace_rl:scoring"). The
+trade-off: one copy per step with calls and one per episode (a few milliseconds), and each call runs twice;
+bounding arguments instead would need a cost model of every backend function. Where fork is unavailable (not
+Linux or macOS), calls run unbounded.
 
 No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
 backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by

@@ -2,11 +2,11 @@
 time limit; standard library only).
 
 Why a worker: a fork copies the forking process's page tables, so its cost grows with that process's
-address space. A one-call BFCL step whose calls ran on a fork of the caller took 11 ms in a bare process,
-35 ms once torch and transformers were imported and 100 ms with 1 GiB more resident (docs/environments.md,
-BFCL). A worker is a fresh interpreter that imports only this module and what the functions it runs need;
-each request forks the worker, not the caller. The function (module-level, sent by name) and its arguments
-travel pickled, so the copy holds exactly the state it is given, as a deep copy would.
+address space: a trainer with torch and a model loaded paid several times a bare process's cost per BFCL
+step (figures in docs/environments.md, BFCL). A worker is a fresh interpreter that imports only this module
+and what the functions it runs need; each request forks the worker, not the caller. The function
+(module-level, sent by name) and its arguments travel pickled, so the copy holds exactly the state it is
+given, as a deep copy would.
 
 The guarantees are those of a fork of the caller: a per-item deadline (each `tick()` restarts it), a total
 bound, the caller survives a function that hangs or crashes (the copy is killed, the worker lives on), and
@@ -154,10 +154,10 @@ class _Worker:
             reply = _read(self.proc.stdout.fileno(), time.monotonic() + bound_s)
             self.answered += 1
             return reply
-        except (OSError, pickle.UnpicklingError, EOFError):
-            return None
-        except TimeoutError:
+        except TimeoutError:  # before OSError, its base class
             return _LATE
+        except Exception:  # noqa: BLE001 (it died, or its answer cannot be read here: the caller forks itself)
+            return None
 
     def kill(self) -> None:
         try:
@@ -187,7 +187,7 @@ def _take() -> _Worker | None:
             return _idle.pop()
     try:
         return _Worker()
-    except OSError:
+    except Exception:  # noqa: BLE001 (no interpreter to start: the caller forks itself)
         return None
 
 
