@@ -237,6 +237,7 @@ def test_a_call_of_unbounded_cost_is_cut_off_at_the_step_and_at_scoring():
     assert "power ran past the 1 s limit" in obs and env.calls[0] == [["pwd()"]]  # the stopped call is not kept
     # a call that would run long only at scoring (recorded here by hand) cannot hold the checker either
     env.calls[0].append(["power(base=10, exponent=1000000000)"])
+    env.call_timeout_s = 0.2  # scoring's budget is SCORE_BUDGET (15) times this: 3 s rather than 15
     start = time.monotonic()
     reward, verdict = env.score()
     assert time.monotonic() - start < 60 and reward == 0.0

@@ -29,13 +29,14 @@ checker, which `eval`s them: calls with non-literal arguments never reach it.
 
 Time: each backend call may take `call_timeout_s`, the calls of one step together STEP_BUDGET times that,
 scoring SCORE_BUDGET times that (the runner has no limit; `power(base=10, exponent=10**7)` took 21 s). A
-step's calls first run on a forked copy of the process (`run_bounded`); a call past the limit is stopped there
-and reported, and only the calls before it then run here for real, each known to finish because the backends
-are deterministic given their state, which the copy shares. Scoring runs the checker in a forked copy too;
-past its budget the episode fails (error_type "trace_rl:scoring"). The trade-off: one fork per step with calls
-and one per episode (milliseconds in a small process, more with a large address space), and each call runs
-twice; bounding arguments instead would need a cost model of every backend function. Where fork is unavailable
-(not Linux or macOS), calls run unbounded.
+step's calls first run on a bounded copy of the backends (`bounded.run_bounded`: a fork of a small worker
+process that receives the backends pickled, so the copy's cost does not grow with this process's memory); a
+call past the limit is stopped there and reported, and only the calls before it then run here for real, each
+known to finish because the backends are deterministic given their state, which the copy holds. Scoring runs
+the checker in a bounded copy too; past its budget the episode fails (error_type "trace_rl:scoring"). The
+trade-off: one copy per step with calls and one per episode (a few milliseconds), and each call runs twice;
+bounding arguments instead would need a cost model of every backend function. Where fork is unavailable (not
+Linux or macOS), calls run unbounded.
 
 No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
 backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by
@@ -53,15 +54,10 @@ import importlib.util
 import inspect
 import itertools
 import json
-import os
-import pickle
-import selectors
-import signal
-import time
-import warnings
 from pathlib import Path
 
 from .base import cap_observation, parse_action, tool_failure
+from .bounded import run_bounded
 
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT; BFCLEnv() reads the installed value
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
@@ -69,6 +65,7 @@ TOOLS = ("call", "done")
 STEP_BUDGET = 5  # the calls of one step together may take this many times call_timeout_s
 SCORE_BUDGET = 15  # and the checker's replay of an episode this many times
 _run_ids = itertools.count()
+_CHECKER = "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"
 
 
 def bfcl_root() -> Path:
@@ -151,73 +148,40 @@ def _call_one(owner, name: str, kwargs: dict) -> str:
         return f"Error during execution: {err}"
 
 
-def run_bounded(fn, timeout_s: float, total_s: float | None = None):
-    """`fn(tick)` in a forked copy of this process with a deadline: ("ok", value, ticks), ("timeout", None,
-    ticks) or ("error", message, ticks). Each `tick()` the child makes restarts the deadline (a per-item limit)
-    and is counted; `total_s` bounds the whole. The value comes back pickled; the copy's side effects die with
-    it. Where fork is unavailable, `fn` runs here, unbounded."""
-    if not hasattr(os, "fork"):
-        return "ok", fn(lambda: None), 0
-    r, w = os.pipe()
-    with warnings.catch_warnings():  # 3.12+ warns on fork in a threaded process; the child runs pure Python only
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # the child: never returns, never runs the parent's cleanup
-        try:
-            os.close(r)
-            try:
-                payload = pickle.dumps(("ok", fn(lambda: os.write(w, b"."))))
-            except BaseException as err:  # noqa: BLE001
-                payload = pickle.dumps(("error", f"{type(err).__name__}: {str(err)[:200]}"))
-            with os.fdopen(w, "wb") as fh:
-                fh.write(b"!" + payload)
-        finally:
-            os._exit(0)
-    os.close(w)
-    data, ticks, deadline = bytearray(), 0, time.monotonic() + timeout_s
-    end = time.monotonic() + (total_s if total_s is not None else float("inf"))
-    try:
-        with selectors.DefaultSelector() as sel:
-            sel.register(r, selectors.EVENT_READ)
-            while True:
-                left = min(deadline, end) - time.monotonic()
-                if left <= 0 or not sel.select(left):
-                    return "timeout", None, ticks
-                chunk = os.read(r, 1 << 16)
-                if not chunk:
-                    break
-                if not data:  # still in the ticks: each one restarts the clock
-                    head, bang, rest = chunk.partition(b"!")
-                    ticks += len(head)
-                    deadline = time.monotonic() + timeout_s if head else deadline
-                    chunk = bang + rest
-                data += chunk
-    finally:  # past the deadline, or done (it has written all and is exiting), or the caller was interrupted
-        os.close(r)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    try:
-        status, value = pickle.loads(bytes(data[1:]))
-    except Exception:  # noqa: BLE001 (the child died before it wrote)
-        return "error", "the worker process died", ticks
-    return status, value, ticks
+def _probe_calls(tick, instances: dict, calls: list[tuple[str, str, dict]]) -> None:
+    """Run in a bounded copy: the calls in order on the copy's backends (instances by class name), a tick each."""
+    for cls, name, kwargs in calls:
+        _call_one(instances[cls], name, kwargs)
+        tick()
 
 
-def _probe(calls: list, timeout_s: float) -> int | None:
-    """Run `calls` ((owner, name, kwargs, ...) each) in order on a forked copy of the backends; the index of the
-    first one that did not finish within `timeout_s` (or within the step's budget), or None when all did. The
-    calls then run here for real, each known to finish: the backends are deterministic given their state,
-    which the copy shares at fork."""
+def _probe(instances: dict, calls: list, timeout_s: float) -> int | None:
+    """Run `calls` ((owner, name, kwargs, ...) each) in order on a copy of the backends; the index of the first
+    one that did not finish within `timeout_s` (or within the step's budget), or None when all did. The calls
+    then run here for real, each known to finish: the backends are deterministic given their state, which the
+    copy holds."""
     if not calls:
         return None
-
-    def run_all(tick) -> None:
-        for owner, name, kwargs, *_ in calls:
-            _call_one(owner, name, kwargs)
-            tick()
-
-    status, _, done = run_bounded(run_all, timeout_s, STEP_BUDGET * timeout_s)
+    cls = {id(obj): key for key, obj in instances.items()}
+    todo = [(cls[id(owner)], name, kwargs) for owner, name, kwargs, *_ in calls]
+    status, _, done = run_bounded(_probe_calls, (instances, todo), timeout_s, STEP_BUDGET * timeout_s)
     return None if status == "ok" else done
+
+
+def _check(tick, calls: list, truth: list, entry: dict, category: str, name: str) -> dict:
+    """Run in a bounded copy: multi_turn_checker's verdict (its cached globals die with the copy, and are
+    removed in case it runs here)."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    try:
+        verdict = multi_turn_checker(calls, truth, entry, category, name)
+    except Exception as err:  # noqa: BLE001 (the checker asserts on malformed inputs; a failed episode)
+        verdict = {"valid": False, "error_message": f"checker error: {err}"}
+    finally:
+        for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
+            del vars(multi_turn_utils)[key]
+    return {k: v for k, v in verdict.items() if k in ("valid", "error_message", "error_type")}
 
 
 class BFCLEnv:
@@ -331,7 +295,8 @@ class BFCLEnv:
             return f"Error: could not parse the calls ({str(err)[:200]}). Write: call[f(a=1), g(b='x')]", False
         plan = [self._decode(node) for node in nodes]  # (owner, name, kwargs, recorded string, note) or an error
         calls = [p for p in plan if not isinstance(p, str)]
-        stopped = _probe(calls, self.call_timeout_s)  # the first call that ran past the limit on a copy, or None
+        # the first call that ran past the limit on a copy, or None
+        stopped = _probe(self.instances, calls, self.call_timeout_s)
         results, strings, ok, ran = [], [], all(not isinstance(p, str) for p in plan), 0
         for item in plan:
             if isinstance(item, str):
@@ -393,9 +358,6 @@ class BFCLEnv:
 
     def score(self) -> tuple[float, dict]:
         """BFCL's verdict on this episode's calls, by the official runner's path (see the module docstring)."""
-        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
-        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
-
         truth = self.task["answer"]
         calls = self.calls[: self.turn_index + 1] if self.force_quit else self.calls
         if len(calls) != len(truth):
@@ -403,20 +365,10 @@ class BFCLEnv:
             return 0.0, {"valid": False, "error_type": "multi_turn:force_terminated", "error_message": message}
         name = f"trace_rl_run{next(_run_ids)}"
         entry = {k: self.task[k] for k in ("id", "initial_config", "involved_classes")}
-
-        def check(tick) -> dict:
-            try:
-                verdict = multi_turn_checker(calls, truth, entry, self.task["category"], name)
-            except Exception as err:  # noqa: BLE001 (the checker asserts on malformed inputs; a failed episode)
-                verdict = {"valid": False, "error_message": f"checker error: {err}"}
-            finally:
-                for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
-                    del vars(multi_turn_utils)[key]
-            return {k: v for k, v in verdict.items() if k in ("valid", "error_message", "error_type")}
-
         # the checker runs every recorded call and every ground-truth call again (milliseconds for a real episode)
         limit = SCORE_BUDGET * self.call_timeout_s
-        status, verdict, _ = run_bounded(check, limit)
+        args = (calls, truth, entry, self.task["category"], name)
+        status, verdict, _ = run_bounded(_check, args, limit, preload=(_CHECKER,))
         if status != "ok":
             what = f"ran past its {limit:g} s limit" if status == "timeout" else f"failed ({verdict})"
             verdict = {"valid": False, "error_type": "trace_rl:scoring", "error_message": f"scoring {what}"}

@@ -219,9 +219,11 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
         model, tok = create_tiny_model(seed=0)
         return model.to(device).eval(), tok
     path = resolve_model_path(name)
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import: set later, only this keeps it from the retry loop
+    local = {"local_files_only": True} if _offline() else {}
     try:
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        tok = AutoTokenizer.from_pretrained(path, **local)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **local)
     except OSError as err:
         raise MissingFileError(f"cannot load model {name!r}: {str(err).splitlines()[0]}") from None
     if not getattr(tok, "chat_template", None):
@@ -240,7 +242,7 @@ def load_tokenizer(name: str):
 
     path = resolve_model_path(name)
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path, **({"local_files_only": True} if _offline() else {}))
     except OSError as err:
         raise MissingFileError(f"cannot load the tokenizer of {name!r}: {str(err).splitlines()[0]}") from None
     if not getattr(tok, "chat_template", None):
