@@ -86,7 +86,7 @@ def test_mask_and_positions_follow_the_path():
     (b,) = pack_trees([tree], [{n.node_id: 1.0 for n in tree.turns()}])
     assert b.input_ids.tolist() == [[5, 6, 7, 8, 9, 10, 11]]
     assert b.position_ids.tolist() == [[0, 1, 2, 3, 4, 4, 5]]
-    m = b.attention_mask[0, 0].int().tolist()
+    m = b.tree.dense()[0, 0].int().tolist()
     assert m[4] == [1, 1, 1, 1, 1, 0, 0]  # token 9 sees root, its parent, itself
     assert m[5] == [1, 1, 1, 1, 0, 1, 0]  # token 10 does not see its sibling 9
     assert m[6] == [1, 1, 1, 1, 0, 1, 1]
@@ -110,15 +110,26 @@ def reference(model, trees):
     return weighted_backward(model, trees, flat_token_logprobs(model, trees, advantages_of(trees)))
 
 
-@pytest.mark.parametrize("packer,max_tokens", [(pack_trees, 10_000), (pack_trees, 24), (pack_paths, 60)])
-def test_logprobs_and_gradients_match_flat_per_path(model, trees, reference, packer, max_tokens):
+LAYOUTS = [
+    (pack_trees, {"max_tokens": 10_000}, "blocks"),  # all trees share one row
+    (pack_trees, {"max_tokens": 24}, "blocks"),  # trees split into parts, parts of several trees share rows
+    (pack_trees, {"max_tokens": 10_000, "share_rows": False}, "dense"),  # one tree per row, padded rows
+    (pack_trees, {"max_tokens": 24, "share_rows": False}, "dense"),
+    (pack_trees, {"max_tokens": 10_000, "share_rows": False}, "blocks"),  # padding rows through the blocks
+    (pack_trees, {"max_tokens": 60}, "dense"),  # several trees in a row under the dense mask
+    (pack_paths, {"max_tokens": 60}, "auto"),
+]
+
+
+@pytest.mark.parametrize("packer,kwargs,attention", LAYOUTS)
+def test_logprobs_and_gradients_match_flat_per_path(model, trees, reference, packer, kwargs, attention):
     ref_grads, ref = reference
-    batches = packer(trees, advantages_of(trees), max_tokens=max_tokens)
-    if max_tokens < 10_000:
+    batches = packer(trees, advantages_of(trees), **kwargs)
+    if kwargs["max_tokens"] < 10_000:
         assert len(batches) > 1  # several micro-batches; for trees, the split into parts is exercised
     per_key = {}
     for b in batches:
-        per_key.update(b.by_segment(token_logprobs(model, b)))
+        per_key.update(b.by_segment(token_logprobs(model, b, attention=attention)))
     grads, got = weighted_backward(model, trees, per_key)
     assert got.keys() == ref.keys()
     for k in ref:
@@ -147,7 +158,7 @@ def test_eager_attention_honours_the_tree_mask(trees, reference):
     m.set_attn_implementation("eager")
     assert m.config._attn_implementation == "eager"
     (b,) = pack_trees(trees, advantages_of(trees), max_tokens=10_000)
-    got = b.by_segment(token_logprobs(m.float().eval(), b).detach())
+    got = b.by_segment(token_logprobs(m.float().eval(), b, attention="dense").detach())
     for k, v in reference[1].items():
         torch.testing.assert_close(got[k], v, atol=1e-5, rtol=1e-5)
 

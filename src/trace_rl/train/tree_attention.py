@@ -1,0 +1,180 @@
+"""Attention under a tree mask, stored by structure: which node each token belongs to and which nodes are
+ancestors of which. A query may attend to a key when the key's node is an ancestor-or-self of the query's
+node and the key is not later in the row (parents precede children in the row).
+
+Kernels (`KERNELS`; "auto" picks flex on CUDA, blocks elsewhere):
+- "blocks": block-sparse attention by gathering. The row is cut into blocks of `BLOCK` tokens; for each query
+  block the key blocks that hold at least one visible key are gathered (padded to the largest count any
+  query block of the batch needs) and SDPA runs on each query block against its gathered keys with the exact
+  boolean mask. Work and memory grow with row length x (longest root-to-leaf context + block waste), not with
+  the row length squared, so several trees can share a row at no attention cost to each other. Cost: the
+  gathered keys and values (a copy per query block, kept for the backward) and the padding of every query
+  block to the largest key-block count. Runs on any device with plain torch ops.
+- "flex": torch's flex attention with a BlockMask built from the same structure (block-sparse and fused
+  when compiled; compiled on CUDA). On CPU torch runs it unfused (materialising the scores) and has no
+  backward, so there it serves forward-only checks.
+- "dense": the (T, T) mask built in full and passed, as an additive float mask, to the model's own attention
+  (eager or sdpa). Attention costs the row length squared; kept as the reference and for models whose
+  attention cannot be replaced.
+
+"blocks" and "flex" replace the model's attention function for the duration of one forward, through the
+Hugging Face attention interface (registered as "trace_tree"; the model's `_attn_implementation` is set
+and restored around the call), so they work for any model that dispatches attention through that
+interface (Llama, Qwen2/3, Mistral, ... in transformers 5). Dropout, soft-capping, sliding windows and
+attention sinks are not supported by them (the update runs with dropout off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+KERNELS = ("auto", "blocks", "flex", "dense")
+BLOCK = 64  # tokens per block of the "blocks" kernel: smaller wastes less at node edges, larger runs fewer SDPA groups
+IMPL = "trace_tree"
+
+
+@dataclass
+class TreeMask:
+    """node: (B, T) long, the node (entry) index of each token, global over the batch; ancestors: (E, E) bool,
+    ancestor-or-self between entries. Padding tokens belong to a padding entry of their own row, which is its
+    own only ancestor (they attend to earlier padding only: no query row is fully masked)."""
+
+    node: torch.Tensor
+    ancestors: torch.Tensor
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def dense(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """(B, 1, T, T) bool, True = may attend."""
+        node, anc = self.node.to(device), self.ancestors.to(device)
+        T = node.shape[1]
+        causal = torch.ones((T, T), dtype=torch.bool, device=device).tril()
+        return (anc[node[:, :, None], node[:, None, :]] & causal)[:, None]
+
+    def blocks(self, device: torch.device | str, size: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+        """Plan of the "blocks" kernel, cached: (key token index per query block (G, M * size) into the
+        flattened padded row, boolean mask (G, 1, size, M * size)), G = B x blocks per row."""
+        key = ("blocks", str(device), size)
+        if key not in self._cache:
+            self._cache[key] = _block_plan(self.node.to(device), self.ancestors.to(device), size)
+        return self._cache[key]
+
+    def block_mask(self, device: torch.device | str, size: int = 128):
+        """flex attention's BlockMask of this mask, cached."""
+        key = ("flex", str(device), size)
+        if key not in self._cache:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            node, anc = self.node.to(device), self.ancestors.to(device)
+
+            def visible(b, h, q, k):
+                return anc[node[b, q], node[b, k]] & (k <= q)
+
+            B, T = node.shape
+            self._cache[key] = create_block_mask(visible, B, None, T, T, device=device, BLOCK_SIZE=size)
+        return self._cache[key]
+
+
+def _block_plan(node: torch.Tensor, anc: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    B, T = node.shape
+    nb = math.ceil(T / size)
+    tp = nb * size
+    E = anc.shape[0]
+    # tokens added to reach whole blocks get an extra entry that only sees itself (their output is dropped)
+    anc = F.pad(anc, (0, 1, 0, 1))
+    anc[E, E] = True
+    node = F.pad(node, (0, tp - T), value=E)
+    # block i needs key block j (j <= i) when some entry of i has an ancestor in j: exact for j < i, since all
+    # of j's keys precede all of i's queries; the diagonal block always holds the query itself
+    has = torch.zeros((B * nb, E + 1), dtype=torch.float32, device=node.device)
+    has[torch.arange(B * nb, device=node.device).repeat_interleave(size), node.reshape(-1)] = 1.0
+    has = has.view(B, nb, E + 1)
+    need = torch.einsum("bie,ef,bjf->bij", has, anc.float(), has) > 0
+    need &= torch.ones((nb, nb), dtype=torch.bool, device=node.device).tril()
+    count = need.sum(-1)  # (B, nb)
+    M = int(count.max())
+    ar = torch.arange(nb, device=node.device)
+    # needed blocks first, in row order; the rest pad the list up to M and are masked out
+    order = torch.where(need, ar, ar + nb).argsort(-1)[..., :M]  # (B, nb, M)
+    valid = torch.arange(M, device=node.device) < count[..., None]  # (B, nb, M)
+    within = torch.arange(size, device=node.device)
+    base = (torch.arange(B, device=node.device) * tp)[:, None, None, None]
+    kidx = (base + order[..., None] * size + within).reshape(B, nb, M * size)  # flat token index of each key
+    qidx = (base[..., 0] + ar[:, None] * size + within).expand(B, nb, size)  # flat token index of each query
+    flat = node.reshape(-1)
+    mask = anc[flat[qidx][..., :, None], flat[kidx][..., None, :]] & (kidx[..., None, :] <= qidx[..., :, None])
+    mask &= valid.repeat_interleave(size, -1)[..., None, :]
+    return kidx.reshape(B * nb, M * size), mask.reshape(B * nb, 1, size, M * size)
+
+
+def _blocks_attention(query, key, value, tree: TreeMask, scaling: float | None) -> torch.Tensor:
+    B, H, T, d = query.shape
+    kidx, mask = tree.blocks(query.device, BLOCK)  # BLOCK read at call time (tests shrink it)
+    G, S = mask.shape[0], mask.shape[2]
+    nb = G // B
+    pad = nb * S - T
+    q = F.pad(query, (0, 0, 0, pad)).view(B, H, nb, S, d).transpose(1, 2).reshape(G, H, S, d)
+    hk = key.shape[1]
+    # (B, Hk, T, d) -> rows of (Hk, d) per token, gathered per query block -> (G, Hk, M * S, d)
+    k = F.pad(key, (0, 0, 0, pad)).transpose(1, 2).reshape(B * nb * S, hk, d)[kidx].transpose(1, 2)
+    v = F.pad(value, (0, 0, 0, pad)).transpose(1, 2).reshape(B * nb * S, hk, d)[kidx].transpose(1, 2)
+    if hk != H:  # grouped-query attention: SDPA's enable_gqa is not taken by every kernel with a mask
+        k, v = k.repeat_interleave(H // hk, dim=1), v.repeat_interleave(H // hk, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)  # (G, H, S, d)
+    return out.view(B, nb, H, S, d).permute(0, 1, 3, 2, 4).reshape(B, nb * S, H, d)[:, :T]
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def _flex_attention(query, key, value, tree: TreeMask, scaling: float | None) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if query.is_cuda:  # compiled: the fused, block-sparse kernel (eager flex materialises the scores)
+        if "flex" not in _COMPILED:
+            _COMPILED["flex"] = torch.compile(flex_attention, dynamic=True)
+        fn = _COMPILED["flex"]
+    gqa = key.shape[1] != query.shape[1]
+    out = fn(query, key, value, block_mask=tree.block_mask(query.device), scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2)
+
+
+def _forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """Attention function in the Hugging Face interface's signature; returns ((B, T, H, d), None)."""
+    tree, kernel = kwargs.get("tree_mask"), kwargs.get("tree_kernel")
+    if tree is None or kernel not in ("blocks", "flex"):
+        raise ValueError("the trace_tree attention runs only inside tree_logits(), which passes the tree mask")
+    if dropout:
+        raise ValueError("tree attention does not support attention dropout (run the update in eval mode)")
+    attend = _blocks_attention if kernel == "blocks" else _flex_attention
+    return attend(query, key, value, tree, scaling), None
+
+
+def resolve_kernel(kernel: str, device: torch.device) -> str:
+    if kernel not in KERNELS:
+        raise ValueError(f"tree_attention must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "auto":
+        return "flex" if device.type == "cuda" else "blocks"
+    return kernel
+
+
+@contextlib.contextmanager
+def tree_attention(model) -> Iterator[None]:
+    """The model's attention dispatched to this module's kernels while inside (restored after)."""
+    from transformers import AttentionInterface
+
+    if IMPL not in AttentionInterface._global_mapping:
+        AttentionInterface.register(IMPL, _forward)
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = IMPL
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
