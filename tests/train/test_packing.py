@@ -184,3 +184,102 @@ def test_weighting_of_a_shared_turn_on_a_hand_built_tree(packer, weighting, shar
     assert got == {(0, "0.0"): [0.5 * shared], (0, "0.0.0"): [1.0], (0, "0.0.1"): [-1.0]}
     with pytest.raises(ValueError, match="weighting must be one of"):
         packer([tree], [adv], weighting="none")
+
+
+def test_trees_share_rows_first_fit_decreasing(trees):
+    adv = advantages_of(trees)
+    keys = sorted((i, n.node_id) for i, t in enumerate(trees) for n in t.turns())
+    (one,) = pack_trees(trees, adv, max_tokens=10_000)  # every tree fits one row: one row, no padding
+    assert one.input_ids.shape[0] == 1 and len({k[0] for k in one.segments}) == len(trees)
+    assert one.encoded_tokens == one.input_ids.numel() == sum(len(n.token_ids) for t in trees for n in t.nodes.values())
+    batches = pack_trees(trees, adv, max_tokens=80)
+    assert sorted(k for b in batches for k in b.segments) == keys
+    assert all(b.input_ids.shape[0] == 1 and b.encoded_tokens == b.input_ids.numel() <= 80 for b in batches)
+    assert any(len({k[0] for k in b.segments}) > 1 for b in batches)  # parts of different trees share a row
+
+    # a token never attends across the trees (or parts) sharing its row: only within its root's entries
+    def roots(b):  # the top ancestor of each token's entry
+        anc = b.tree.ancestors
+        return (anc & (anc.sum(1) == 1)[None, :]).int().argmax(1)[b.tree.node[0]]
+
+    for b in batches:
+        q, k = b.tree.dense()[0, 0].nonzero(as_tuple=True)
+        assert torch.equal(roots(b)[q], roots(b)[k])
+    assert len(set(roots(one).tolist())) == len(trees)
+
+
+def scatter_plan(kidx, mask, B, T):
+    """The dense (B, T, T) mask that the blocks kernel's plan (gathered key indices + mask) stands for."""
+    G, _, S, K = mask.shape
+    nb = G // B
+    dense = torch.zeros((B * nb * S, B * nb * S), dtype=torch.bool)
+    q = (torch.arange(G)[:, None] * S + torch.arange(S))[:, :, None].expand(G, S, K)
+    k = kidx[:, None, :].expand(G, S, K)
+    dense[q[mask[:, 0]], k[mask[:, 0]]] = True
+    dense = dense.view(B, nb * S, B, nb * S)
+    assert not any(dense[b, :, c].any() for b in range(B) for c in range(B) if b != c)  # rows never mix
+    return torch.stack([dense[b, :T, b, :T] for b in range(B)])
+
+
+@pytest.mark.parametrize("share_rows", [True, False])
+@pytest.mark.parametrize("size", [4, 8, 64])
+def test_block_plan_is_the_dense_mask(trees, share_rows, size):
+    for b in pack_trees(trees, advantages_of(trees), max_tokens=80, share_rows=share_rows):
+        kidx, mask = b.tree.blocks("cpu", size)
+        B, T = b.input_ids.shape
+        assert torch.equal(scatter_plan(kidx, mask, B, T), b.tree.dense()[:, 0])
+        if size == 4 and share_rows:
+            assert mask.shape[-1] < -(-T // size) * size  # some key blocks are skipped: the plan is sparse
+
+
+def test_blocks_kernel_with_small_blocks_matches_flat(model, trees, reference, monkeypatch):
+    """Many blocks per row: query blocks gather different key blocks, padded to the largest count."""
+    from trace_rl.train import tree_attention
+
+    monkeypatch.setattr(tree_attention, "BLOCK", 8)
+    ref_grads, ref = reference
+    per_key = {}
+    for b in pack_trees(trees, advantages_of(trees), max_tokens=10_000):
+        assert b.tree.blocks("cpu", 8)[1].shape[-1] < b.input_ids.shape[1]
+        per_key.update(b.by_segment(token_logprobs(model, b, attention="blocks")))
+    grads, got = weighted_backward(model, trees, per_key)
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_kernel_forward_matches_flat_on_cpu(model, trees, reference):
+    """torch runs flex attention on CPU unfused and forward only: the forward is checked here, the gradients
+    on CUDA (next test)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    with torch.no_grad():
+        for b in pack_trees(trees, advantages_of(trees), max_tokens=60):
+            for k, v in b.by_segment(token_logprobs(model, b, attention="flex")).items():
+                torch.testing.assert_close(v, reference[1][k], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flex attention has no backward on CPU in torch; needs CUDA")
+def test_flex_kernel_logprobs_and_gradients_match_flat_on_cuda(trees):
+    m, _ = create_tiny_model(hidden=32, layers=2, heads=2)
+    m = m.float().eval().cuda()
+    ref_grads, ref = weighted_backward(m, trees, flat_token_logprobs(m, trees, advantages_of(trees)))
+    per_key = {}
+    for b in pack_trees(trees, advantages_of(trees), max_tokens=60):
+        per_key.update(b.by_segment(token_logprobs(m, b, attention="auto")))  # auto is flex on CUDA
+    grads, got = weighted_backward(m, trees, per_key)
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], atol=1e-4, rtol=1e-4)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-4)
+
+
+def test_bad_tree_attention_is_one_line(trees):
+    from trace_rl.train.update import UpdateConfig
+
+    with pytest.raises(ValueError, match="tree_attention must be one of"):
+        UpdateConfig(tree_attention="sparse")
+    (b,) = pack_trees(trees, advantages_of(trees))
+    with pytest.raises(ValueError, match="tree_attention must be one of"):
+        token_logprobs(create_tiny_model(hidden=32, layers=2, heads=2)[0], b, attention="sparse")
