@@ -283,3 +283,24 @@ def test_bad_tree_attention_is_one_line(trees):
     (b,) = pack_trees(trees, advantages_of(trees))
     with pytest.raises(ValueError, match="tree_attention must be one of"):
         token_logprobs(create_tiny_model(hidden=32, layers=2, heads=2)[0], b, attention="sparse")
+
+
+def test_blocks_kernel_with_grouped_query_attention(trees):
+    """Fewer key/value heads than query heads: the gathered keys are repeated per group."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa",
+    )  # fmt: skip
+    m = LlamaForCausalLM(config).float().eval()
+    ref_grads, ref = weighted_backward(m, trees, flat_token_logprobs(m, trees, advantages_of(trees)))
+    per_key = {}
+    for b in pack_trees(trees, advantages_of(trees), max_tokens=80):
+        per_key.update(b.by_segment(token_logprobs(m, b, attention="blocks")))
+    grads, got = weighted_backward(m, trees, per_key)
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-5, rtol=1e-5)

@@ -120,9 +120,13 @@ def _blocks_attention(query, key, value, tree: TreeMask, scaling: float | None) 
     pad = nb * S - T
     q = F.pad(query, (0, 0, 0, pad)).view(B, H, nb, S, d).transpose(1, 2).reshape(G, H, S, d)
     hk = key.shape[1]
-    # (B, Hk, T, d) -> rows of (Hk, d) per token, gathered per query block -> (G, Hk, M * S, d)
-    k = F.pad(key, (0, 0, 0, pad)).transpose(1, 2).reshape(B * nb * S, hk, d)[kidx].transpose(1, 2)
-    v = F.pad(value, (0, 0, 0, pad)).transpose(1, 2).reshape(B * nb * S, hk, d)[kidx].transpose(1, 2)
+
+    def gather(x):  # (B, Hk, T, d) -> one (Hk, d) row per token -> per query block (G, Hk, M * S, d)
+        rows = F.pad(x, (0, 0, 0, pad)).transpose(1, 2).reshape(B * nb * S, hk * d)
+        # index_select: its backward is an index_add (advanced indexing's is a slower accumulating index_put)
+        return rows.index_select(0, kidx.view(-1)).view(G, -1, hk, d).transpose(1, 2)
+
+    k, v = gather(key), gather(value)
     if hk != H:  # grouped-query attention: SDPA's enable_gqa is not taken by every kernel with a mask
         k, v = k.repeat_interleave(H // hk, dim=1), v.repeat_interleave(H // hk, dim=1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)  # (G, H, S, d)
