@@ -107,7 +107,11 @@ def _block_plan(node: torch.Tensor, anc: torch.Tensor, size: int) -> tuple[torch
     kidx = (base + order[..., None] * size + within).reshape(B, nb, M * size)  # flat token index of each key
     qidx = (base[..., 0] + ar[:, None] * size + within).expand(B, nb, size)  # flat token index of each query
     flat = node.reshape(-1)
-    mask = anc[flat[qidx][..., :, None], flat[kidx][..., None, :]] & (kidx[..., None, :] <= qidx[..., :, None])
+    # each query's ancestor row (B, nb, S, E + 1), then the keys' entries picked out of it (a gather is much
+    # cheaper than indexing the (E, E) matrix with two broadcast index tensors)
+    rows = anc[flat[qidx]]
+    keys = flat[kidx][..., None, :].expand(B, nb, size, M * size)
+    mask = rows.gather(-1, keys) & (kidx[..., None, :] <= qidx[..., :, None])
     mask &= valid.repeat_interleave(size, -1)[..., None, :]
     return kidx.reshape(B * nb, M * size), mask.reshape(B * nb, 1, size, M * size)
 
