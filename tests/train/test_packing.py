@@ -208,39 +208,49 @@ def test_trees_share_rows_first_fit_decreasing(trees):
     assert len(set(roots(one).tolist())) == len(trees)
 
 
-def scatter_plan(kidx, mask, B, T):
+def scatter_plan(plan, B, T):
     """The dense (B, T, T) mask that the blocks kernel's plan (gathered key indices + mask) stands for."""
-    G, _, S, K = mask.shape
-    nb = G // B
-    dense = torch.zeros((B * nb * S, B * nb * S), dtype=torch.bool)
-    q = (torch.arange(G)[:, None] * S + torch.arange(S))[:, :, None].expand(G, S, K)
-    k = kidx[:, None, :].expand(G, S, K)
-    dense[q[mask[:, 0]], k[mask[:, 0]]] = True
-    dense = dense.view(B, nb * S, B, nb * S)
+    S, G = plan.size, plan.groups
+    dense = torch.zeros((G * S, G * S), dtype=torch.bool)
+    seen = []
+    for qb, kidx, mask in plan.buckets:
+        K = kidx.shape[1]
+        q = (qb[:, None] * S + torch.arange(S))[:, :, None].expand(len(qb), S, K)
+        k = kidx[:, None, :].expand(len(qb), S, K)
+        dense[q[mask[:, 0]], k[mask[:, 0]]] = True
+        seen += qb.tolist()
+    assert sorted(seen) == list(range(G))  # every query block in exactly one bucket
+    dense = dense.view(B, G * S // B, B, G * S // B)
     assert not any(dense[b, :, c].any() for b in range(B) for c in range(B) if b != c)  # rows never mix
     return torch.stack([dense[b, :T, b, :T] for b in range(B)])
+
+
+def planned_keys(plan) -> int:
+    return sum(kidx.numel() for _, kidx, _ in plan.buckets) * plan.size
 
 
 @pytest.mark.parametrize("share_rows", [True, False])
 @pytest.mark.parametrize("size", [4, 8, 64])
 def test_block_plan_is_the_dense_mask(trees, share_rows, size):
     for b in pack_trees(trees, advantages_of(trees), max_tokens=80, share_rows=share_rows):
-        kidx, mask = b.tree.blocks("cpu", size)
+        plan = b.tree.blocks("cpu", size)
         B, T = b.input_ids.shape
-        assert torch.equal(scatter_plan(kidx, mask, B, T), b.tree.dense()[:, 0])
+        assert torch.equal(scatter_plan(plan, B, T), b.tree.dense()[:, 0])
         if size == 4 and share_rows:
-            assert mask.shape[-1] < -(-T // size) * size  # some key blocks are skipped: the plan is sparse
+            assert len(plan.buckets) > 1  # query blocks needing few key blocks are not padded to the most
+            assert planned_keys(plan) < (T + 3) ** 2  # some key blocks are skipped: the plan is sparse
 
 
 def test_blocks_kernel_with_small_blocks_matches_flat(model, trees, reference, monkeypatch):
-    """Many blocks per row: query blocks gather different key blocks, padded to the largest count."""
+    """Many blocks per row: query blocks gather different key blocks, in several buckets."""
     from trace_rl.train import tree_attention
 
     monkeypatch.setattr(tree_attention, "BLOCK", 8)
     ref_grads, ref = reference
     per_key = {}
     for b in pack_trees(trees, advantages_of(trees), max_tokens=10_000):
-        assert b.tree.blocks("cpu", 8)[1].shape[-1] < b.input_ids.shape[1]
+        plan = b.tree.blocks("cpu", 8)
+        assert len(plan.buckets) > 1 and planned_keys(plan) < b.input_ids.shape[1] ** 2
         per_key.update(b.by_segment(token_logprobs(model, b, attention="blocks")))
     grads, got = weighted_backward(model, trees, per_key)
     for k in ref:

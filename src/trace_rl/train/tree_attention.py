@@ -56,9 +56,8 @@ class TreeMask:
         causal = torch.ones((T, T), dtype=torch.bool, device=device).tril()
         return (anc[node[:, :, None], node[:, None, :]] & causal)[:, None]
 
-    def blocks(self, device: torch.device | str, size: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-        """Plan of the "blocks" kernel, cached: (key token index per query block (G, M * size) into the
-        flattened padded row, boolean mask (G, 1, size, M * size)), G = B x blocks per row."""
+    def blocks(self, device: torch.device | str, size: int = BLOCK) -> BlockPlan:
+        """Plan of the "blocks" kernel, cached."""
         key = ("blocks", str(device), size)
         if key not in self._cache:
             self._cache[key] = _block_plan(self.node.to(device), self.ancestors.to(device), size)
@@ -80,60 +79,77 @@ class TreeMask:
         return self._cache[key]
 
 
-def _block_plan(node: torch.Tensor, anc: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass
+class BlockPlan:
+    """The "blocks" kernel's plan: query blocks (G = B x blocks per row) in buckets by how many key blocks
+    they need, each bucket padded to its own largest count (powers of two: at most 2x the needed work)."""
+
+    size: int  # tokens per block
+    groups: int  # G
+    buckets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (query blocks (Gb,), key tokens (Gb, K), mask)
+    inverse: torch.Tensor | None  # puts the buckets' outputs back in query-block order; None: one bucket, in order
+
+
+def _block_plan(node: torch.Tensor, anc: torch.Tensor, size: int) -> BlockPlan:
     B, T = node.shape
+    dev = node.device
     nb = math.ceil(T / size)
-    tp = nb * size
+    tp, G = nb * size, B * nb
     E = anc.shape[0]
     # tokens added to reach whole blocks get an extra entry that only sees itself (their output is dropped)
     anc = F.pad(anc, (0, 1, 0, 1))
     anc[E, E] = True
-    node = F.pad(node, (0, tp - T), value=E)
+    flat = F.pad(node, (0, tp - T), value=E).reshape(-1)  # entry of each token of the padded rows
     # block i needs key block j (j <= i) when some entry of i has an ancestor in j: exact for j < i, since all
     # of j's keys precede all of i's queries; the diagonal block always holds the query itself
-    has = torch.zeros((B * nb, E + 1), dtype=torch.float32, device=node.device)
-    has[torch.arange(B * nb, device=node.device).repeat_interleave(size), node.reshape(-1)] = 1.0
+    has = torch.zeros((G, E + 1), dtype=torch.float32, device=dev)
+    has[torch.arange(G, device=dev).repeat_interleave(size), flat] = 1.0
     has = has.view(B, nb, E + 1)
     need = torch.einsum("bie,ef,bjf->bij", has, anc.float(), has) > 0
-    need &= torch.ones((nb, nb), dtype=torch.bool, device=node.device).tril()
-    count = need.sum(-1)  # (B, nb)
-    M = int(count.max())
-    ar = torch.arange(nb, device=node.device)
-    # needed blocks first, in row order; the rest pad the list up to M and are masked out
-    order = torch.where(need, ar, ar + nb).argsort(-1)[..., :M]  # (B, nb, M)
-    valid = torch.arange(M, device=node.device) < count[..., None]  # (B, nb, M)
-    within = torch.arange(size, device=node.device)
-    base = (torch.arange(B, device=node.device) * tp)[:, None, None, None]
-    kidx = (base + order[..., None] * size + within).reshape(B, nb, M * size)  # flat token index of each key
-    qidx = (base[..., 0] + ar[:, None] * size + within).expand(B, nb, size)  # flat token index of each query
-    flat = node.reshape(-1)
-    # each query's ancestor row (B, nb, S, E + 1), then the keys' entries picked out of it (a gather is much
-    # cheaper than indexing the (E, E) matrix with two broadcast index tensors)
-    rows = anc[flat[qidx]]
-    keys = flat[kidx][..., None, :].expand(B, nb, size, M * size)
-    mask = rows.gather(-1, keys) & (kidx[..., None, :] <= qidx[..., :, None])
-    mask &= valid.repeat_interleave(size, -1)[..., None, :]
-    return kidx.reshape(B * nb, M * size), mask.reshape(B * nb, 1, size, M * size)
+    need = (need & torch.ones((nb, nb), dtype=torch.bool, device=dev).tril()).reshape(G, nb)
+    count = need.sum(-1)  # (G,)
+    bucket = torch.ceil(torch.log2(count.float())).long()
+    ar, within = torch.arange(nb, device=dev), torch.arange(size, device=dev)
+    buckets = []
+    for k in bucket.unique().tolist():
+        qb = (bucket == k).nonzero()[:, 0]
+        M = int(count[qb].max())
+        # needed blocks first, in row order; the rest pad the list up to M and are masked out
+        order = torch.where(need[qb], ar, ar + nb).argsort(-1)[:, :M]  # (Gb, M)
+        valid = torch.arange(M, device=dev) < count[qb, None]
+        kidx = ((qb // nb * tp)[:, None, None] + order[..., None] * size + within).reshape(len(qb), M * size)
+        qidx = qb[:, None] * size + within  # flat token index of each query (G x size = B x tp)
+        # each query's ancestor row, then the keys' entries picked out of it (a gather: much cheaper than
+        # indexing the (E, E) matrix with two broadcast index tensors)
+        keys = flat[kidx][:, None, :].expand(len(qb), size, M * size)
+        mask = anc[flat[qidx]].gather(-1, keys) & (kidx[:, None, :] <= qidx[:, :, None])
+        mask &= valid.repeat_interleave(size, -1)[:, None, :]
+        buckets.append((qb, kidx, mask[:, None]))
+    order = torch.cat([qb for qb, _, _ in buckets])
+    inverse = None if len(buckets) == 1 else order.argsort()
+    return BlockPlan(size, G, buckets, inverse)
 
 
 def _blocks_attention(query, key, value, tree: TreeMask, scaling: float | None) -> torch.Tensor:
     B, H, T, d = query.shape
-    kidx, mask = tree.blocks(query.device, BLOCK)  # BLOCK read at call time (tests shrink it)
-    G, S = mask.shape[0], mask.shape[2]
+    plan = tree.blocks(query.device, BLOCK)  # BLOCK read at call time (tests shrink it)
+    S, G = plan.size, plan.groups
     nb = G // B
     pad = nb * S - T
     q = F.pad(query, (0, 0, 0, pad)).view(B, H, nb, S, d).transpose(1, 2).reshape(G, H, S, d)
     hk = key.shape[1]
-
-    def gather(x):  # (B, Hk, T, d) -> one (Hk, d) row per token -> per query block (G, Hk, M * S, d)
-        rows = F.pad(x, (0, 0, 0, pad)).transpose(1, 2).reshape(B * nb * S, hk * d)
-        # index_select: its backward is an index_add (advanced indexing's is a slower accumulating index_put)
-        return rows.index_select(0, kidx.view(-1)).view(G, -1, hk, d).transpose(1, 2)
-
-    k, v = gather(key), gather(value)
-    if hk != H:  # grouped-query attention: SDPA's enable_gqa is not taken by every kernel with a mask
-        k, v = k.repeat_interleave(H // hk, dim=1), v.repeat_interleave(H // hk, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)  # (G, H, S, d)
+    # one (Hk * d) row per token; index_select's backward is an index_add (advanced indexing's is a slower
+    # accumulating index_put)
+    k_rows = F.pad(key, (0, 0, 0, pad)).transpose(1, 2).reshape(G * S, hk * d)
+    v_rows = F.pad(value, (0, 0, 0, pad)).transpose(1, 2).reshape(G * S, hk * d)
+    outs = []
+    for qb, kidx, mask in plan.buckets:
+        k, v = (x.index_select(0, kidx.view(-1)).view(len(qb), -1, hk, d).transpose(1, 2) for x in (k_rows, v_rows))
+        if hk != H:  # grouped-query attention: SDPA's enable_gqa is not taken by every kernel with a mask
+            k, v = k.repeat_interleave(H // hk, dim=1), v.repeat_interleave(H // hk, dim=1)
+        qs = q if plan.inverse is None else q.index_select(0, qb)
+        outs.append(F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scaling))  # (Gb, H, S, d)
+    out = outs[0] if plan.inverse is None else torch.cat(outs).index_select(0, plan.inverse)
     return out.view(B, nb, H, S, d).permute(0, 1, 3, 2, 4).reshape(B, nb * S, H, d)[:, :T]
 
 
