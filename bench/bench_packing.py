@@ -36,6 +36,7 @@ from trace_rl.methods import BudgetPlan, get_method
 from trace_rl.predictors.text import light_text_predictor
 from trace_rl.rollout.engine import TreeRolloutEngine
 from trace_rl.rollout.lm_actor import LMActor
+from trace_rl.train import tree_attention
 from trace_rl.train.losses import POLICY_LOSSES
 from trace_rl.train.packing import pack_paths, pack_trees, token_logprobs
 from trace_rl.train.update import UpdateConfig, make_optimizer, update_policy
@@ -169,8 +170,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layouts", default="flat,blocks", help=f"comma-separated, flat first: {', '.join(LAYOUTS)}")
     ap.add_argument("--profile", action="store_true", help="also print where one update's time goes")
+    ap.add_argument("--block", type=int, default=0, help="tokens per block of the blocks kernel (0: its default)")
     args = ap.parse_args()
     layouts = args.layouts.split(",")
+    if args.block:
+        tree_attention.BLOCK = args.block
     if layouts[0] != "flat" or any(x not in LAYOUTS for x in layouts):
         raise SystemExit(f"--layouts: a comma-separated list starting with flat, from {', '.join(LAYOUTS)}")
     torch.manual_seed(0)
@@ -206,7 +210,8 @@ def main() -> None:
     )
     print(
         f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {args.device}, "
-        f"{torch.get_num_threads()} threads, micro_batch_tokens={args.micro_batch_tokens}"
+        f"{torch.get_num_threads()} threads, micro_batch_tokens={args.micro_batch_tokens}, "
+        f"blocks of {tree_attention.BLOCK} tokens"
     )
     rows, profiles = {}, {}
     for name in layouts:

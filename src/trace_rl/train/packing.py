@@ -4,8 +4,9 @@ A tree's nodes are laid out in depth-first order in one row; a tree attention ma
 tokens of its node's ancestors and to the earlier tokens of its own node, and `position_ids` give each token
 its position along its own root-to-leaf path, so every token sees exactly the context it had when sampled.
 The logits that predict a node's first token come from the last token of its parent, which is not the
-previous token of the row: targets are therefore gathered at explicit positions. Rows (one tree, or one part
-of a tree, each) are right-padded into micro-batches.
+previous token of the row: targets are therefore gathered at explicit positions. Tree parts are packed
+first-fit decreasing into rows of at most `max_tokens` tokens (several trees per row, one row per
+micro-batch; or, for the dense mask, one tree part per row with rows right-padded into micro-batches).
 
 The flat layout (`pack_paths`) is the baseline: one right-padded row per root-to-leaf path through the
 standard causal mask, so a prefix shared by k leaves is encoded k times; each node is still trained once, on
@@ -19,11 +20,12 @@ and k, the paths through it, under "leaf". Folding the weight into the advantage
 reference model is not weighted.
 
 Trade-offs and limits:
-- The tree mask is a dense (T, T) tensor per row, so memory and attention work grow with the square of the
-  row length (attention over a tree costs its whole length squared, more than the sum over its paths: the
-  saving is in the per-token work, projections and MLP); `max_tokens` bounds the row. A dense mask also rules
-  out flash-attention kernels: the model must use `eager` or `sdpa` attention (checked). Flex attention with
-  a block mask would lift both limits.
+- The mask is kept by structure (`tree_attention.TreeMask`: each token's node, the nodes' ancestor matrix)
+  and applied by one of `tree_attention`'s kernels. With the block-sparse ones ("blocks", "flex") attention
+  work grows with row length x root-to-leaf context, so trees can share rows; with "dense" it grows with the
+  row length squared (more than the sum over the tree's paths), so each tree gets its own row, and the
+  model must use eager or sdpa attention (checked); the block-sparse kernels replace the model's attention
+  function for the call, so they do not depend on its `attn_implementation`.
 - A tree larger than `max_tokens` is split into parts: a node's children subtrees that do not fit become
   parts of their own, each preceded by a context-only copy of its ancestors (encoded again, not trained). A
   single root-to-node context longer than `max_tokens` still forms one (oversized) part: a path cannot be
