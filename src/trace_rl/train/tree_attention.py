@@ -88,6 +88,17 @@ class BlockPlan:
     groups: int  # G
     buckets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (query blocks (Gb,), key tokens (Gb, K), mask)
     inverse: torch.Tensor | None  # puts the buckets' outputs back in query-block order; None: one bucket, in order
+    _additive: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def additive(self, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The buckets' masks as additive float masks (0 / -inf), cached: SDPA converts a boolean mask into
+        one on every call, that is per layer, forward and backward."""
+        if dtype not in self._additive:
+            self._additive[dtype] = [
+                torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
+                for _, _, m in self.buckets
+            ]
+        return self._additive[dtype]
 
 
 def _block_plan(node: torch.Tensor, anc: torch.Tensor, size: int) -> BlockPlan:
@@ -143,7 +154,7 @@ def _blocks_attention(query, key, value, tree: TreeMask, scaling: float | None) 
     k_rows = F.pad(key, (0, 0, 0, pad)).transpose(1, 2).reshape(G * S, hk * d)
     v_rows = F.pad(value, (0, 0, 0, pad)).transpose(1, 2).reshape(G * S, hk * d)
     outs = []
-    for qb, kidx, mask in plan.buckets:
+    for (qb, kidx, _), mask in zip(plan.buckets, plan.additive(query.dtype)):
         k, v = (x.index_select(0, kidx.view(-1)).view(len(qb), -1, hk, d).transpose(1, 2) for x in (k_rows, v_rows))
         if hk != H:  # grouped-query attention: SDPA's enable_gqa is not taken by every kernel with a mask
             k, v = k.repeat_interleave(H // hk, dim=1), v.repeat_interleave(H // hk, dim=1)
