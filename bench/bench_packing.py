@@ -10,11 +10,11 @@ Layouts: flat (one padded row per root-to-leaf path, the model's causal attentio
 the dense tree mask through the model's attention: the packed layout before the block-sparse kernels),
 blocks / flex (trees share rows; train.tree_attention's kernels). Reports the tokens each layout runs
 through the model (and with padding), the forward and update time (median of --repeats runs, each update
-from the same weights), flat / layout ratios, and the largest parameter difference between the layout's
-updated model and flat's, which should be at float noise: both train every turn node once with the same
-loss. --profile adds where the time of one update goes: phases (packing, forward, backward, optimizer step,
-the extra no-grad forward of update_kl) from timers, and the forward + backward by operator family from
-torch.profiler (self CPU time).
+from the same weights; the layouts take turns within each repeat), flat / layout ratios, and the largest
+parameter difference between the layout's updated model and flat's, which should be at float noise: both
+train every turn node once with the same loss. --profile adds where the time of one update goes: phases
+(packing, forward, backward, optimizer step, the extra no-grad forward of update_kl) from timers, and the
+forward + backward by operator family from torch.profiler (self CPU time).
 """
 
 from __future__ import annotations
@@ -81,28 +81,22 @@ def sync():
         torch.cuda.synchronize()
 
 
-def timed_update(base, trees, adv, cfg, repeats):
-    times, model = [], None
-    for _ in range(repeats):
-        model = copy.deepcopy(base)
-        opt = make_optimizer(model, cfg)
-        t0 = time.perf_counter()
-        metrics = update_policy(model, opt, trees, adv, cfg)
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), metrics, model
+def timed_update(base, trees, adv, cfg):
+    model = copy.deepcopy(base)
+    opt = make_optimizer(model, cfg)
+    t0 = time.perf_counter()
+    metrics = update_policy(model, opt, trees, adv, cfg)
+    sync()
+    return time.perf_counter() - t0, metrics, model
 
 
-def timed_forward(model, batches, attention, repeats):
-    times = []
+def timed_forward(model, batches, attention):
     with torch.no_grad():
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for b in batches:
-                token_logprobs(model, b, attention=attention)
-            sync()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        t0 = time.perf_counter()
+        for b in batches:
+            token_logprobs(model, b, attention=attention)
+        sync()
+        return time.perf_counter() - t0
 
 
 def phases(base, trees, adv, cfg):
@@ -213,24 +207,35 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, micro_batch_tokens={args.micro_batch_tokens}, "
         f"blocks of {tree_attention.BLOCK} tokens"
     )
+    cfgs = {
+        name: UpdateConfig(packing=LAYOUTS[name][0], tree_attention=LAYOUTS[name][1], micro_batch_tokens=mbt)
+        for name, mbt in ((n, args.micro_batch_tokens) for n in layouts)
+    }
+    batches = {name: pack(trees, adv, cfg) for name, cfg in cfgs.items()}
+    # the layouts take turns within each repeat, so a load that comes and goes on a shared machine falls on
+    # all of them alike; each figure is the median over the repeats
+    times = {name: {"forward": [], "update": []} for name in layouts}
     rows, profiles = {}, {}
+    for _ in range(args.repeats):
+        for name in layouts:
+            times[name]["forward"].append(timed_forward(model, batches[name], cfgs[name].tree_attention))
+            upd, metrics, updated = timed_update(model, trees, adv, cfgs[name])
+            times[name]["update"].append(upd)
+            rows[name] = (metrics, updated)
     for name in layouts:
-        packing, attention = LAYOUTS[name]
-        cfg = UpdateConfig(packing=packing, tree_attention=attention, micro_batch_tokens=args.micro_batch_tokens)
-        batches = pack(trees, adv, cfg)
-        padded = sum(b.input_ids.numel() for b in batches)
-        fwd = timed_forward(model, batches, attention, args.repeats)
-        upd, metrics, updated = timed_update(model, trees, adv, cfg, args.repeats)
+        metrics, updated = rows[name]
+        padded = sum(b.input_ids.numel() for b in batches[name])
+        fwd, upd = (statistics.median(times[name][k]) for k in ("forward", "update"))
         rows[name] = (metrics["train/encoded_tokens"], padded, fwd, upd, updated)
         print(
-            f"{name:>6}: {len(batches):3d} micro-batches ({sum(len(b.input_ids) for b in batches)} rows), encoded "
-            f"{metrics['train/encoded_tokens']:>9,.0f} tokens (padded {padded:,}), "
-            f"{metrics['train/policy_tokens']:,.0f} policy tokens, forward {fwd:.3f}s, update {upd:.3f}s, "
-            f"loss {metrics['train/loss']:+.4f}"
+            f"{name:>6}: {len(batches[name]):3d} micro-batches ({sum(len(b.input_ids) for b in batches[name])} rows), "
+            f"encoded {metrics['train/encoded_tokens']:>9,.0f} tokens (padded {padded:,}), "
+            f"{metrics['train/policy_tokens']:,.0f} policy tokens, forward {fwd:.3f}s, update {upd:.3f}s "
+            f"(runs {', '.join(f'{t:.2f}' for t in times[name]['update'])}), loss {metrics['train/loss']:+.4f}"
         )
         if args.profile:
-            ph, batches = phases(model, trees, adv, cfg)
-            profiles[name] = (ph, families(model, batches, attention))
+            ph, profiled = phases(model, trees, adv, cfgs[name])
+            profiles[name] = (ph, families(model, profiled, cfgs[name].tree_attention))
     fe, fp, ff, fu, fm = rows["flat"]
     for name in layouts[1:]:
         te, tp, tf, tu, tm = rows[name]
