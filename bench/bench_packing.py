@@ -164,11 +164,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layouts", default="flat,blocks", help=f"comma-separated, flat first: {', '.join(LAYOUTS)}")
     ap.add_argument("--profile", action="store_true", help="also print where one update's time goes")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--block", type=int, default=0, help="tokens per block of the blocks kernel (0: its default)")
     args = ap.parse_args()
     layouts = args.layouts.split(",")
     if args.block:
         tree_attention.BLOCK = args.block
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if layouts[0] != "flat" or any(x not in LAYOUTS for x in layouts):
         raise SystemExit(f"--layouts: a comma-separated list starting with flat, from {', '.join(LAYOUTS)}")
     torch.manual_seed(0)
