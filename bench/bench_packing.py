@@ -219,7 +219,8 @@ def main() -> None:
     # all of them alike; each figure is the median over the repeats
     times = {name: {"forward": [], "update": []} for name in layouts}
     rows, profiles = {}, {}
-    for _ in range(args.repeats):
+    for r in range(args.repeats):
+        print(f"repeat {r + 1}/{args.repeats}", flush=True)
         for name in layouts:
             times[name]["forward"].append(timed_forward(model, batches[name], cfgs[name].tree_attention))
             upd, metrics, updated = timed_update(model, trees, adv, cfgs[name])
@@ -236,9 +237,6 @@ def main() -> None:
             f"{metrics['train/policy_tokens']:,.0f} policy tokens, forward {fwd:.3f}s, update {upd:.3f}s "
             f"(runs {', '.join(f'{t:.2f}' for t in times[name]['update'])}), loss {metrics['train/loss']:+.4f}"
         )
-        if args.profile:
-            ph, profiled = phases(model, trees, adv, cfgs[name])
-            profiles[name] = (ph, families(model, profiled, cfgs[name].tree_attention))
     fe, fp, ff, fu, fm = rows["flat"]
     for name in layouts[1:]:
         te, tp, tf, tu, tm = rows[name]
@@ -247,7 +245,10 @@ def main() -> None:
             f"flat / {name}: encoded tokens {fe / te:.2f}x (padded {fp / tp:.2f}x), forward time {ff / tf:.2f}x, "
             f"update time {fu / tu:.2f}x; max parameter difference after one step {diff:.1e}"
         )
-    if profiles:
+    if args.profile:
+        for name in layouts:
+            ph, profiled = phases(model, trees, adv, cfgs[name])
+            profiles[name] = (ph, families(model, profiled, cfgs[name].tree_attention))
         print_profiles(profiles)
 
 
