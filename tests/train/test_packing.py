@@ -213,7 +213,8 @@ def scatter_plan(plan, B, T):
     S, G = plan.size, plan.groups
     dense = torch.zeros((G * S, G * S), dtype=torch.bool)
     seen = []
-    for qb, kidx, mask in plan.buckets:
+    for qb, kb, mask in plan.buckets:
+        kidx = (kb[:, :, None] * S + torch.arange(S)).reshape(len(qb), -1)  # the key tokens of the key blocks
         K = kidx.shape[1]
         q = (qb[:, None] * S + torch.arange(S))[:, :, None].expand(len(qb), S, K)
         k = kidx[:, None, :].expand(len(qb), S, K)
@@ -226,7 +227,7 @@ def scatter_plan(plan, B, T):
 
 
 def planned_keys(plan) -> int:
-    return sum(kidx.numel() for _, kidx, _ in plan.buckets) * plan.size
+    return sum(kb.numel() * plan.size for _, kb, _ in plan.buckets) * plan.size
 
 
 @pytest.mark.parametrize("share_rows", [True, False])

@@ -86,7 +86,7 @@ class BlockPlan:
 
     size: int  # tokens per block
     groups: int  # G
-    buckets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (query blocks (Gb,), key tokens (Gb, K), mask)
+    buckets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (query blocks (Gb,), key blocks (Gb, M), mask)
     inverse: torch.Tensor | None  # puts the buckets' outputs back in query-block order; None: one bucket, in order
     _additive: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -135,7 +135,7 @@ def _block_plan(node: torch.Tensor, anc: torch.Tensor, size: int) -> BlockPlan:
         keys = flat[kidx][:, None, :].expand(len(qb), size, M * size)
         mask = anc[flat[qidx]].gather(-1, keys) & (kidx[:, None, :] <= qidx[:, :, None])
         mask &= valid.repeat_interleave(size, -1)[:, None, :]
-        buckets.append((qb, kidx, mask[:, None]))
+        buckets.append((qb, qb // nb * nb + order, mask[:, None]))  # key blocks as block indices (G numbering)
     order = torch.cat([qb for qb, _, _ in buckets])
     inverse = None if len(buckets) == 1 else order.argsort()
     return BlockPlan(size, G, buckets, inverse)
@@ -149,13 +149,13 @@ def _blocks_attention(query, key, value, tree: TreeMask, scaling: float | None) 
     pad = nb * S - T
     q = F.pad(query, (0, 0, 0, pad)).view(B, H, nb, S, d).transpose(1, 2).reshape(G, H, S, d)
     hk = key.shape[1]
-    # one (Hk * d) row per token; index_select's backward is an index_add (advanced indexing's is a slower
-    # accumulating index_put)
-    k_rows = F.pad(key, (0, 0, 0, pad)).transpose(1, 2).reshape(G * S, hk * d)
-    v_rows = F.pad(value, (0, 0, 0, pad)).transpose(1, 2).reshape(G * S, hk * d)
+    # whole key blocks (S tokens x Hk x d) are gathered: index_select's backward, an index_add, then adds a
+    # few hundred block-sized slices rather than one small row per key token (slow on CPU)
+    k_blocks = F.pad(key, (0, 0, 0, pad)).transpose(1, 2).reshape(G, S, hk, d)
+    v_blocks = F.pad(value, (0, 0, 0, pad)).transpose(1, 2).reshape(G, S, hk, d)
     outs = []
-    for (qb, kidx, _), mask in zip(plan.buckets, plan.additive(query.dtype)):
-        k, v = (x.index_select(0, kidx.view(-1)).view(len(qb), -1, hk, d).transpose(1, 2) for x in (k_rows, v_rows))
+    for (qb, kb, _), mask in zip(plan.buckets, plan.additive(query.dtype)):
+        k, v = (x.index_select(0, kb.view(-1)).view(len(qb), -1, hk, d).transpose(1, 2) for x in (k_blocks, v_blocks))
         if hk != H:  # grouped-query attention: SDPA's enable_gqa is not taken by every kernel with a mask
             k, v = k.repeat_interleave(H // hk, dim=1), v.repeat_interleave(H // hk, dim=1)
         qs = q if plan.inverse is None else q.index_select(0, qb)
