@@ -135,7 +135,7 @@ def _block_plan(node: torch.Tensor, anc: torch.Tensor, size: int) -> BlockPlan:
         keys = flat[kidx][:, None, :].expand(len(qb), size, M * size)
         mask = anc[flat[qidx]].gather(-1, keys) & (kidx[:, None, :] <= qidx[:, :, None])
         mask &= valid.repeat_interleave(size, -1)[:, None, :]
-        buckets.append((qb, qb // nb * nb + order, mask[:, None]))  # key blocks as block indices (G numbering)
+        buckets.append((qb, (qb // nb * nb)[:, None] + order, mask[:, None]))  # key blocks, numbered as G
     order = torch.cat([qb for qb, _, _ in buckets])
     inverse = None if len(buckets) == 1 else order.argsort()
     return BlockPlan(size, G, buckets, inverse)
