@@ -4,12 +4,13 @@ node and the key is not later in the row (parents precede children in the row).
 
 Kernels (`KERNELS`; "auto" picks flex on CUDA, blocks elsewhere):
 - "blocks": block-sparse attention by gathering. The row is cut into blocks of `BLOCK` tokens; for each query
-  block the key blocks that hold at least one visible key are gathered (padded to the largest count any
-  query block of the batch needs) and SDPA runs on each query block against its gathered keys with the exact
-  boolean mask. Work and memory grow with row length x (longest root-to-leaf context + block waste), not with
-  the row length squared, so several trees can share a row at no attention cost to each other. Cost: the
-  gathered keys and values (a copy per query block, kept for the backward) and the padding of every query
-  block to the largest key-block count. Runs on any device with plain torch ops.
+  block the key blocks that hold at least one visible key are gathered and SDPA runs on the query block
+  against them with the exact boolean mask. Query blocks are bucketed by how many key blocks they need
+  (powers of two), each bucket padded to its own largest count. Work and memory grow with row length x
+  (root-to-leaf context + block waste), not with the row length squared, so several trees can share a row
+  at no attention cost to each other. Costs: the gathered keys and values (a copy per query block, kept for
+  the backward, about work / BLOCK rows), a plan built once per micro-batch (cached on the mask), and the
+  masked pairs inside gathered blocks. Plain torch ops, any device.
 - "flex": torch's flex attention with a BlockMask built from the same structure (block-sparse and fused
   when compiled; compiled on CUDA). On CPU torch runs it unfused (materialising the scores) and has no
   backward, so there it serves forward-only checks.
@@ -21,7 +22,8 @@ Kernels (`KERNELS`; "auto" picks flex on CUDA, blocks elsewhere):
 Hugging Face attention interface (registered as "trace_tree"; the model's `_attn_implementation` is set
 and restored around the call), so they work for any model that dispatches attention through that
 interface (Llama, Qwen2/3, Mistral, ... in transformers 5). Dropout, soft-capping, sliding windows and
-attention sinks are not supported by them (the update runs with dropout off).
+attention sinks are not supported by them: a layer that asks for one is refused in one line (the update
+runs with dropout off).
 """
 
 from __future__ import annotations
@@ -187,6 +189,9 @@ def _forward(module, query, key, value, attention_mask, dropout: float = 0.0, sc
         raise ValueError("the trace_tree attention runs only inside tree_logits(), which passes the tree mask")
     if dropout:
         raise ValueError("tree attention does not support attention dropout (run the update in eval mode)")
+    if kwargs.get("sliding_window") or kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
+        # the result would silently differ from the model's own attention: refuse, name the way out
+        raise ValueError("tree attention: no sliding windows, soft-capping or sinks (set tree_attention=dense)")
     attend = _blocks_attention if kernel == "blocks" else _flex_attention
     return attend(query, key, value, tree, scaling), None
 
