@@ -315,3 +315,15 @@ def test_blocks_kernel_with_grouped_query_attention(trees):
         torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5)
     for n in ref_grads:
         torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-5, rtol=1e-5)
+
+
+def test_tree_kernels_refuse_what_they_do_not_implement(trees):
+    """A layer asking for a sliding window (or soft-capping, sinks) would silently differ: refused in one line."""
+    from trace_rl.train.tree_attention import _forward
+
+    (b,) = pack_trees(trees, advantages_of(trees))
+    q = torch.zeros(1, 2, b.input_ids.shape[1], 4)
+    with pytest.raises(ValueError, match="no sliding windows"):
+        _forward(torch.nn.Module(), q, q, q, None, tree_mask=b.tree, tree_kernel="blocks", sliding_window=16)
+    with pytest.raises(ValueError, match="runs only inside"):
+        _forward(torch.nn.Module(), q, q, q, None)

@@ -186,7 +186,7 @@ def _forward(module, query, key, value, attention_mask, dropout: float = 0.0, sc
     """Attention function in the Hugging Face interface's signature; returns ((B, T, H, d), None)."""
     tree, kernel = kwargs.get("tree_mask"), kwargs.get("tree_kernel")
     if tree is None or kernel not in ("blocks", "flex"):
-        raise ValueError("the trace_tree attention runs only inside tree_logits(), which passes the tree mask")
+        raise ValueError("trace_tree attention runs only inside packing.token_logprobs() (it passes the tree mask)")
     if dropout:
         raise ValueError("tree attention does not support attention dropout (run the update in eval mode)")
     if kwargs.get("sliding_window") or kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
