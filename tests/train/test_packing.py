@@ -86,7 +86,7 @@ def test_mask_and_positions_follow_the_path():
     (b,) = pack_trees([tree], [{n.node_id: 1.0 for n in tree.turns()}])
     assert b.input_ids.tolist() == [[5, 6, 7, 8, 9, 10, 11]]
     assert b.position_ids.tolist() == [[0, 1, 2, 3, 4, 4, 5]]
-    m = b.attention_mask[0, 0].int().tolist()
+    m = b.tree.dense()[0, 0].int().tolist()
     assert m[4] == [1, 1, 1, 1, 1, 0, 0]  # token 9 sees root, its parent, itself
     assert m[5] == [1, 1, 1, 1, 0, 1, 0]  # token 10 does not see its sibling 9
     assert m[6] == [1, 1, 1, 1, 0, 1, 1]
@@ -110,15 +110,26 @@ def reference(model, trees):
     return weighted_backward(model, trees, flat_token_logprobs(model, trees, advantages_of(trees)))
 
 
-@pytest.mark.parametrize("packer,max_tokens", [(pack_trees, 10_000), (pack_trees, 24), (pack_paths, 60)])
-def test_logprobs_and_gradients_match_flat_per_path(model, trees, reference, packer, max_tokens):
+LAYOUTS = [
+    (pack_trees, {"max_tokens": 10_000}, "blocks"),  # all trees share one row
+    (pack_trees, {"max_tokens": 24}, "blocks"),  # trees split into parts, parts of several trees share rows
+    (pack_trees, {"max_tokens": 10_000, "share_rows": False}, "dense"),  # one tree per row, padded rows
+    (pack_trees, {"max_tokens": 24, "share_rows": False}, "dense"),
+    (pack_trees, {"max_tokens": 10_000, "share_rows": False}, "blocks"),  # padding rows through the blocks
+    (pack_trees, {"max_tokens": 60}, "dense"),  # several trees in a row under the dense mask
+    (pack_paths, {"max_tokens": 60}, "auto"),
+]
+
+
+@pytest.mark.parametrize("packer,kwargs,attention", LAYOUTS)
+def test_logprobs_and_gradients_match_flat_per_path(model, trees, reference, packer, kwargs, attention):
     ref_grads, ref = reference
-    batches = packer(trees, advantages_of(trees), max_tokens=max_tokens)
-    if max_tokens < 10_000:
+    batches = packer(trees, advantages_of(trees), **kwargs)
+    if kwargs["max_tokens"] < 10_000:
         assert len(batches) > 1  # several micro-batches; for trees, the split into parts is exercised
     per_key = {}
     for b in batches:
-        per_key.update(b.by_segment(token_logprobs(model, b)))
+        per_key.update(b.by_segment(token_logprobs(model, b, attention=attention)))
     grads, got = weighted_backward(model, trees, per_key)
     assert got.keys() == ref.keys()
     for k in ref:
@@ -147,7 +158,7 @@ def test_eager_attention_honours_the_tree_mask(trees, reference):
     m.set_attn_implementation("eager")
     assert m.config._attn_implementation == "eager"
     (b,) = pack_trees(trees, advantages_of(trees), max_tokens=10_000)
-    got = b.by_segment(token_logprobs(m.float().eval(), b).detach())
+    got = b.by_segment(token_logprobs(m.float().eval(), b, attention="dense").detach())
     for k, v in reference[1].items():
         torch.testing.assert_close(got[k], v, atol=1e-5, rtol=1e-5)
 
@@ -173,3 +184,146 @@ def test_weighting_of_a_shared_turn_on_a_hand_built_tree(packer, weighting, shar
     assert got == {(0, "0.0"): [0.5 * shared], (0, "0.0.0"): [1.0], (0, "0.0.1"): [-1.0]}
     with pytest.raises(ValueError, match="weighting must be one of"):
         packer([tree], [adv], weighting="none")
+
+
+def test_trees_share_rows_first_fit_decreasing(trees):
+    adv = advantages_of(trees)
+    keys = sorted((i, n.node_id) for i, t in enumerate(trees) for n in t.turns())
+    (one,) = pack_trees(trees, adv, max_tokens=10_000)  # every tree fits one row: one row, no padding
+    assert one.input_ids.shape[0] == 1 and len({k[0] for k in one.segments}) == len(trees)
+    assert one.encoded_tokens == one.input_ids.numel() == sum(len(n.token_ids) for t in trees for n in t.nodes.values())
+    batches = pack_trees(trees, adv, max_tokens=80)
+    assert sorted(k for b in batches for k in b.segments) == keys
+    assert all(b.input_ids.shape[0] == 1 and b.encoded_tokens == b.input_ids.numel() <= 80 for b in batches)
+    assert any(len({k[0] for k in b.segments}) > 1 for b in batches)  # parts of different trees share a row
+
+    # a token never attends across the trees (or parts) sharing its row: only within its root's entries
+    def roots(b):  # the top ancestor of each token's entry
+        anc = b.tree.ancestors
+        return (anc & (anc.sum(1) == 1)[None, :]).int().argmax(1)[b.tree.node[0]]
+
+    for b in batches:
+        q, k = b.tree.dense()[0, 0].nonzero(as_tuple=True)
+        assert torch.equal(roots(b)[q], roots(b)[k])
+    assert len(set(roots(one).tolist())) == len(trees)
+
+
+def scatter_plan(plan, B, T):
+    """The dense (B, T, T) mask that the blocks kernel's plan (gathered key indices + mask) stands for."""
+    S, G = plan.size, plan.groups
+    dense = torch.zeros((G * S, G * S), dtype=torch.bool)
+    seen = []
+    for qb, kb, mask in plan.buckets:
+        kidx = (kb[:, :, None] * S + torch.arange(S)).reshape(len(qb), -1)  # the key tokens of the key blocks
+        K = kidx.shape[1]
+        q = (qb[:, None] * S + torch.arange(S))[:, :, None].expand(len(qb), S, K)
+        k = kidx[:, None, :].expand(len(qb), S, K)
+        dense[q[mask[:, 0]], k[mask[:, 0]]] = True
+        seen += qb.tolist()
+    assert sorted(seen) == list(range(G))  # every query block in exactly one bucket
+    dense = dense.view(B, G * S // B, B, G * S // B)
+    assert not any(dense[b, :, c].any() for b in range(B) for c in range(B) if b != c)  # rows never mix
+    return torch.stack([dense[b, :T, b, :T] for b in range(B)])
+
+
+def planned_keys(plan) -> int:
+    return sum(kb.numel() * plan.size for _, kb, _ in plan.buckets) * plan.size
+
+
+@pytest.mark.parametrize("share_rows", [True, False])
+@pytest.mark.parametrize("size", [4, 8, 64])
+def test_block_plan_is_the_dense_mask(trees, share_rows, size):
+    for b in pack_trees(trees, advantages_of(trees), max_tokens=80, share_rows=share_rows):
+        plan = b.tree.blocks("cpu", size)
+        B, T = b.input_ids.shape
+        assert torch.equal(scatter_plan(plan, B, T), b.tree.dense()[:, 0])
+        if size == 4 and share_rows:
+            assert len(plan.buckets) > 1  # query blocks needing few key blocks are not padded to the most
+            assert planned_keys(plan) < (T + 3) ** 2  # some key blocks are skipped: the plan is sparse
+
+
+def test_blocks_kernel_with_small_blocks_matches_flat(model, trees, reference, monkeypatch):
+    """Many blocks per row: query blocks gather different key blocks, in several buckets."""
+    from trace_rl.train import tree_attention
+
+    monkeypatch.setattr(tree_attention, "BLOCK", 8)
+    ref_grads, ref = reference
+    per_key = {}
+    for b in pack_trees(trees, advantages_of(trees), max_tokens=10_000):
+        plan = b.tree.blocks("cpu", 8)
+        assert len(plan.buckets) > 1 and planned_keys(plan) < b.input_ids.shape[1] ** 2
+        per_key.update(b.by_segment(token_logprobs(model, b, attention="blocks")))
+    grads, got = weighted_backward(model, trees, per_key)
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_kernel_forward_matches_flat_on_cpu(model, trees, reference):
+    """torch runs flex attention on CPU unfused and forward only: the forward is checked here, the gradients
+    on CUDA (next test)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    with torch.no_grad():
+        for b in pack_trees(trees, advantages_of(trees), max_tokens=60):
+            for k, v in b.by_segment(token_logprobs(model, b, attention="flex")).items():
+                torch.testing.assert_close(v, reference[1][k], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flex attention has no backward on CPU in torch; needs CUDA")
+def test_flex_kernel_logprobs_and_gradients_match_flat_on_cuda(trees):
+    m, _ = create_tiny_model(hidden=32, layers=2, heads=2)
+    m = m.float().eval().cuda()
+    ref_grads, ref = weighted_backward(m, trees, flat_token_logprobs(m, trees, advantages_of(trees)))
+    per_key = {}
+    for b in pack_trees(trees, advantages_of(trees), max_tokens=60):
+        per_key.update(b.by_segment(token_logprobs(m, b, attention="auto")))  # auto is flex on CUDA
+    grads, got = weighted_backward(m, trees, per_key)
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], atol=1e-4, rtol=1e-4)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-4)
+
+
+def test_bad_tree_attention_is_one_line(trees):
+    from trace_rl.train.update import UpdateConfig
+
+    with pytest.raises(ValueError, match="tree_attention must be one of"):
+        UpdateConfig(tree_attention="sparse")
+    (b,) = pack_trees(trees, advantages_of(trees))
+    with pytest.raises(ValueError, match="tree_attention must be one of"):
+        token_logprobs(create_tiny_model(hidden=32, layers=2, heads=2)[0], b, attention="sparse")
+
+
+def test_blocks_kernel_with_grouped_query_attention(trees):
+    """Fewer key/value heads than query heads: the gathered keys are repeated per group."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa",
+    )  # fmt: skip
+    m = LlamaForCausalLM(config).float().eval()
+    ref_grads, ref = weighted_backward(m, trees, flat_token_logprobs(m, trees, advantages_of(trees)))
+    per_key = {}
+    for b in pack_trees(trees, advantages_of(trees), max_tokens=80):
+        per_key.update(b.by_segment(token_logprobs(m, b, attention="blocks")))
+    grads, got = weighted_backward(m, trees, per_key)
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-5, rtol=1e-5)
+
+
+def test_tree_kernels_refuse_what_they_do_not_implement(trees):
+    """A layer asking for a sliding window (or soft-capping, sinks) would silently differ: refused in one line."""
+    from trace_rl.train.tree_attention import _forward
+
+    (b,) = pack_trees(trees, advantages_of(trees))
+    q = torch.zeros(1, 2, b.input_ids.shape[1], 4)
+    with pytest.raises(ValueError, match="no sliding windows"):
+        _forward(torch.nn.Module(), q, q, q, None, tree_mask=b.tree, tree_kernel="blocks", sliding_window=16)
+    with pytest.raises(ValueError, match="runs only inside"):
+        _forward(torch.nn.Module(), q, q, q, None)

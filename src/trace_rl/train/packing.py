@@ -4,8 +4,9 @@ A tree's nodes are laid out in depth-first order in one row; a tree attention ma
 tokens of its node's ancestors and to the earlier tokens of its own node, and `position_ids` give each token
 its position along its own root-to-leaf path, so every token sees exactly the context it had when sampled.
 The logits that predict a node's first token come from the last token of its parent, which is not the
-previous token of the row: targets are therefore gathered at explicit positions. Rows (one tree, or one part
-of a tree, each) are right-padded into micro-batches.
+previous token of the row: targets are therefore gathered at explicit positions. Tree parts are packed
+first-fit decreasing into rows of at most `max_tokens` tokens (several trees per row, one row per
+micro-batch; or, for the dense mask, one tree part per row with rows right-padded into micro-batches).
 
 The flat layout (`pack_paths`) is the baseline: one right-padded row per root-to-leaf path through the
 standard causal mask, so a prefix shared by k leaves is encoded k times; each node is still trained once, on
@@ -19,11 +20,12 @@ and k, the paths through it, under "leaf". Folding the weight into the advantage
 reference model is not weighted.
 
 Trade-offs and limits:
-- The tree mask is a dense (T, T) tensor per row, so memory and attention work grow with the square of the
-  row length (attention over a tree costs its whole length squared, more than the sum over its paths: the
-  saving is in the per-token work, projections and MLP); `max_tokens` bounds the row. A dense mask also rules
-  out flash-attention kernels: the model must use `eager` or `sdpa` attention (checked). Flex attention with
-  a block mask would lift both limits.
+- The mask is kept by structure (`tree_attention.TreeMask`: each token's node, the nodes' ancestor matrix)
+  and applied by one of `tree_attention`'s kernels. With the block-sparse ones ("blocks", "flex") attention
+  work grows with row length x root-to-leaf context, so trees can share rows; with "dense" it grows with the
+  row length squared (more than the sum over the tree's paths), so each tree gets its own row, and the
+  model must use eager or sdpa attention (checked); the block-sparse kernels replace the model's attention
+  function for the call, so they do not depend on its `attn_implementation`.
 - A tree larger than `max_tokens` is split into parts: a node's children subtrees that do not fit become
   parts of their own, each preceded by a context-only copy of its ancestors (encoded again, not trained). A
   single root-to-node context longer than `max_tokens` still forms one (oversized) part: a path cannot be
@@ -33,12 +35,14 @@ Trade-offs and limits:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from ..paths import check_node, check_weighting, copy_weights, node_weights, tree_paths
 from ..tree import ROOT, RolloutTree, TurnNode
+from .tree_attention import TreeMask, resolve_kernel, tree_attention
 
 Key = tuple[int, str]  # (tree index, node id): one segment, the policy tokens of one turn node
 
@@ -49,7 +53,7 @@ class PackedBatch:
 
     input_ids: torch.Tensor  # (B, T) long; tree layout has B = 1
     position_ids: torch.Tensor  # (B, T) long: position along the token's own root-to-leaf path
-    attention_mask: torch.Tensor  # tree: (B, 1, T, T) bool, True = may attend; flat: (B, T) padding mask
+    attention_mask: torch.Tensor | None  # flat: (B, T) padding mask; tree: None (see `tree`)
     target_rows: torch.Tensor  # (P,) row of each policy token
     target_positions: torch.Tensor  # (P,) column whose logits predict the policy token
     target_ids: torch.Tensor  # (P,) the policy token
@@ -58,6 +62,7 @@ class PackedBatch:
     segment_ids: torch.Tensor  # (P,) long, index into `segments`
     segments: list[Key]  # the turn node of each segment id
     encoded_tokens: int  # non-padding tokens run through the model
+    tree: TreeMask | None = None  # tree layout: who may attend to whom, by node (dense form: tree.dense())
 
     @property
     def policy_tokens(self) -> int:
@@ -152,7 +157,8 @@ def _targets(entries: list[Entry], offsets: list[int], last: list[int], adv: lis
 
 
 def _tree_row(entries: list[Entry]):
-    """(ids, positions, (L, L) mask, offsets, last token index per entry) of one tree part laid out in a row."""
+    """(ids, positions, (E, E) ancestor-or-self, (L,) entry of each token, offsets, last token index per entry)
+    of entries laid out in one row (one or several tree parts; parents precede children)."""
     offsets, last, pos0, ids = [], [], [], []
     for _ti, node, _, parent in entries:
         offsets.append(len(ids))
@@ -160,7 +166,7 @@ def _tree_row(entries: list[Entry]):
         ids.extend(node.token_ids)
         last.append(len(ids) - 1 if node.token_ids else (last[parent] if parent >= 0 else -1))
     E, L = len(entries), len(ids)
-    # ancestor-or-self relation between entries; parents precede children, so one pass suffices
+    # ancestor-or-self relation between entries; parents precede children, so one pass over entries suffices
     anc = torch.zeros((E, E), dtype=torch.bool)
     for e, (_, _, _, parent) in enumerate(entries):
         if parent >= 0:
@@ -170,9 +176,7 @@ def _tree_row(entries: list[Entry]):
     token_entry = torch.repeat_interleave(torch.arange(E), lengths)
     within = torch.arange(L) - torch.tensor(offsets, dtype=torch.long)[token_entry]
     positions = torch.tensor(pos0, dtype=torch.long)[token_entry] + within
-    # ancestors precede in the row, so "ancestor-or-self and not later" is the whole rule
-    mask = anc[token_entry][:, token_entry] & torch.ones((L, L), dtype=torch.bool).tril()
-    return ids, positions, mask, offsets, last
+    return ids, positions, anc, token_entry, offsets, last
 
 
 def _tree_batch(rows: list[list[Entry]], advantages: list[dict[str, float]]) -> PackedBatch:
@@ -180,25 +184,35 @@ def _tree_batch(rows: list[list[Entry]], advantages: list[dict[str, float]]) -> 
     width = max(len(x[0]) for x in laid)
     input_ids = torch.zeros((len(rows), width), dtype=torch.long)
     position_ids = torch.zeros((len(rows), width), dtype=torch.long)
-    # a padding token attends to itself only: no query row is fully masked (a softmax over nothing is NaN)
-    mask = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1, 1)
+    # entries numbered over the batch, then one padding entry per row (its own only ancestor: a padding
+    # token attends to earlier padding of its row, so no query row is fully masked, a softmax over nothing)
+    sizes = [x[2].shape[0] for x in laid]
+    total = sum(sizes) + len(rows)
+    ancestors = torch.zeros((total, total), dtype=torch.bool)
+    node = torch.empty((len(rows), width), dtype=torch.long)
     cols: dict[str, list] = {k: [] for k in ("rows", "pos", "ids", "old", "adv", "seg")}
     segments: list[Key] = []
-    for r, (entries, (ids, positions, row_mask, offsets, last)) in enumerate(zip(rows, laid)):
-        n = len(ids)
+    base = 0
+    for r, (entries, (ids, positions, anc, token_entry, offsets, last)) in enumerate(zip(rows, laid)):
+        n, e = len(ids), anc.shape[0]
         input_ids[r, :n] = torch.tensor(ids, dtype=torch.long)
         position_ids[r, :n] = positions
-        mask[r, 0, :n, :n] = row_mask
+        ancestors[base : base + e, base : base + e] = anc
+        pad = sum(sizes) + r
+        ancestors[pad, pad] = True
+        node[r] = pad
+        node[r, :n] = token_entry + base
+        base += e
         row_cols, row_segs = _targets(entries, offsets, last, advantages, r)
         row_cols["seg"] = [s + len(segments) for s in row_cols["seg"]]
         for k in cols:
             cols[k] += row_cols[k]
         segments += row_segs
     encoded = sum(len(x[0]) for x in laid)
-    return _batch(input_ids, position_ids, mask, cols, segments, encoded)
+    return _batch(input_ids, position_ids, None, cols, segments, encoded, TreeMask(node, ancestors))
 
 
-def _batch(input_ids, position_ids, mask, cols, segments, encoded) -> PackedBatch:
+def _batch(input_ids, position_ids, mask, cols, segments, encoded, tree=None) -> PackedBatch:
     return PackedBatch(
         input_ids=input_ids,
         position_ids=position_ids,
@@ -211,6 +225,7 @@ def _batch(input_ids, position_ids, mask, cols, segments, encoded) -> PackedBatc
         segment_ids=torch.tensor(cols["seg"], dtype=torch.long),
         segments=segments,
         encoded_tokens=encoded,
+        tree=tree,
     )
 
 
@@ -241,15 +256,40 @@ def _group(rows: list[list[Entry]], max_tokens: int) -> list[list[list[Entry]]]:
     return groups
 
 
+def _bins(units: list[list[Entry]], max_tokens: int) -> list[list[Entry]]:
+    """Tree parts packed into rows of at most max_tokens tokens, first-fit decreasing (a part longer than
+    max_tokens gets a row of its own); a part's parent indices are shifted to its place in the row."""
+    size = [sum(len(e[1].token_ids) for e in u) for u in units]
+    rows: list[list[Entry]] = []
+    free: list[int] = []
+    for i in sorted(range(len(units)), key=lambda i: -size[i]):
+        r = next((r for r, f in enumerate(free) if size[i] <= f), len(rows))
+        if r == len(rows):
+            rows.append([])
+            free.append(max_tokens)
+        shift = len(rows[r])
+        rows[r] += [(ti, n, t, p + shift if p >= 0 else -1) for ti, n, t, p in units[i]]
+        free[r] -= size[i]
+    return rows
+
+
 def pack_trees(
-    trees: list[RolloutTree], advantages: list[dict[str, float]], max_tokens: int = 4096, weighting: str = "first"
+    trees: list[RolloutTree],
+    advantages: list[dict[str, float]],
+    max_tokens: int = 4096,
+    weighting: str = "first",
+    share_rows: bool = True,
 ) -> list[PackedBatch]:
-    """Tree layout: one tree (or tree part, see the module doc) per row; rows grouped into micro-batches of
-    at most `max_tokens` padded tokens. A row never mixes trees: a dense mask would spend attention work on
-    every masked pair between them. `weighting`: how a shared node counts (trace_rl.paths)."""
+    """Tree layout. share_rows=True (for the block-sparse kernels): tree parts packed first-fit decreasing
+    into rows of at most `max_tokens` tokens, one row per micro-batch, so rows are full and unpadded.
+    share_rows=False (for the dense mask, whose attention work covers every pair of a row, masked or not):
+    one tree part per row, rows grouped into micro-batches of at most `max_tokens` padded tokens.
+    `weighting`: how a shared node counts (trace_rl.paths)."""
     advantages = _check_args(trees, advantages, max_tokens, weighting)
-    rows = [unit for ti, tree in enumerate(trees) for unit in _tree_units(ti, tree, advantages[ti], max_tokens)]
-    return [_tree_batch(g, advantages) for g in _group(rows, max_tokens)]
+    units = [unit for ti, tree in enumerate(trees) for unit in _tree_units(ti, tree, advantages[ti], max_tokens)]
+    if share_rows:
+        return [_tree_batch([row], advantages) for row in _bins(units, max_tokens)]
+    return [_tree_batch(g, advantages) for g in _group(units, max_tokens)]
 
 
 def _paths(ti: int, tree: RolloutTree, adv: dict[str, float]) -> list[list[Entry]]:
@@ -295,27 +335,32 @@ def _flat_batch(paths: list[list[Entry]], advantages: list[dict[str, float]]) ->
     return _batch(input_ids, positions, mask, cols, segments, int(mask.sum()))
 
 
-def token_logprobs(model, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(model, batch: PackedBatch, temperature: float = 1.0, attention: str = "auto") -> torch.Tensor:
     """Log-probs (float32, with grad) of the batch's policy tokens under `model`, in target order, from the
-    temperature-scaled distribution (match the sampling temperature, or the ratios are off)."""
+    temperature-scaled distribution (match the sampling temperature, or the ratios are off). `attention`: the
+    tree mask's kernel (train.tree_attention.KERNELS); flat batches use the model's causal attention."""
     device = next(model.parameters()).device
-    mask = batch.attention_mask.to(device)
-    if mask.dim() == 4:
+    inputs = {"input_ids": batch.input_ids.to(device), "position_ids": batch.position_ids.to(device)}
+    context = contextlib.nullcontext()
+    if batch.tree is None:
+        inputs["attention_mask"] = batch.attention_mask.to(device)
+    elif resolve_kernel(attention, device) == "dense":
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in ("eager", "sdpa"):
             raise ValueError(f"tree packing needs eager or sdpa attention (a dense 4-D mask), the model uses {impl!r}")
         # additive float mask: eager adds it to the scores, sdpa accepts it as is (a bool mask eager would add)
         dtype = model.dtype
-        mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+        mask = batch.tree.dense(device)
+        inputs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(
+            ~mask, torch.finfo(dtype).min
+        )
+    else:
+        inputs.update(tree_mask=batch.tree, tree_kernel=resolve_kernel(attention, device))
+        context = tree_attention(model)
     # only the columns that predict a policy token go through the LM head (the vocabulary is the big matrix)
     keep, col = torch.unique(batch.target_positions, return_inverse=True)
-    out = model(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=mask,
-        position_ids=batch.position_ids.to(device),
-        logits_to_keep=keep.to(device),
-        use_cache=False,
-    )
+    with context:
+        out = model(**inputs, logits_to_keep=keep.to(device), use_cache=False)
     logits = out.logits[batch.target_rows.to(device), col.to(device)].float()
     if temperature != 1.0:
         logits = logits / temperature

@@ -36,6 +36,7 @@ from ..paths import check_weighting
 from ..tree import BRANCH, RolloutTree
 from .losses import AGGREGATIONS, KL_CLAMP, POLICY_LOSSES
 from .packing import PackedBatch, pack_paths, pack_trees, token_logprobs
+from .tree_attention import KERNELS
 
 PACKINGS = ("tree", "flat")
 LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -60,6 +61,7 @@ class UpdateConfig:
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
     epochs: int = 1  # passes over the step's trees, one optimizer step each
     packing: str = "tree"  # tree: every tree token encoded once | flat: one row per root-to-leaf path
+    tree_attention: str = "auto"  # tree mask kernel: auto (flex on CUDA, else blocks) | blocks | flex | dense
     weighting: str = "first"  # a turn shared by k leaves: first (once) | leaf (k times, as flat rows) | split (1/k)
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of all weights (needs peft)
     lora_alpha: float = 16.0  # LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)
@@ -88,6 +90,8 @@ class UpdateConfig:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.packing not in PACKINGS:
             raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
+        if self.tree_attention not in KERNELS:
+            raise ValueError(f"tree_attention must be one of {KERNELS}, got {self.tree_attention!r}")
         self.lora_targets = tuple(self.lora_targets)
         if self.lora_rank and not self.lora_targets:
             raise ValueError("lora_targets must name at least one module when lora_rank > 0")
@@ -126,8 +130,11 @@ def make_optimizer(model, cfg: UpdateConfig) -> torch.optim.Optimizer:
 
 
 def _batches(trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: UpdateConfig) -> list[PackedBatch]:
-    packer = pack_trees if cfg.packing == "tree" else pack_paths
-    return packer(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=cfg.weighting)
+    if cfg.packing == "flat":
+        return pack_paths(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=cfg.weighting)
+    # trees share rows unless the mask is dense (whose attention work covers every pair of a row)
+    share = cfg.tree_attention != "dense"
+    return pack_trees(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=cfg.weighting, share_rows=share)
 
 
 def advantage_stats(
@@ -175,7 +182,7 @@ def _reference_logprobs(
     was_training = ref.training
     ref.eval()
     with torch.no_grad(), context:
-        out = [token_logprobs(ref, b, temperature) for b in batches]
+        out = [token_logprobs(ref, b, temperature, cfg.tree_attention) for b in batches]
     ref.train(was_training)
     return out
 
@@ -223,7 +230,7 @@ def update_policy(
         for epoch in range(cfg.epochs):
             optimizer.zero_grad(set_to_none=True)
             for i, b in enumerate(batches):
-                lp = token_logprobs(model, b, temperature)
+                lp = token_logprobs(model, b, temperature, cfg.tree_attention)
                 if epoch == 0:
                     before.append(lp.detach())
                 out = loss_fn(
@@ -251,7 +258,7 @@ def update_policy(
             else:
                 sums["skipped_steps"] += 1
             optimizer.zero_grad(set_to_none=True)
-        update_kl = _update_kl(model, batches, before, temperature, num_tokens)
+        update_kl = _update_kl(model, batches, before, temperature, num_tokens, cfg.tree_attention)
     finally:
         model.train(was_training)
     means = {k: v / cfg.epochs for k, v in sums.items() if k != "skipped_steps"}
@@ -259,12 +266,14 @@ def update_policy(
     return {**out, **signal, "train/update_kl": update_kl}
 
 
-def _update_kl(model, batches: list[PackedBatch], before: list[torch.Tensor], temperature: float, n: int) -> float:
+def _update_kl(
+    model, batches: list[PackedBatch], before: list[torch.Tensor], temperature: float, n: int, attention: str
+) -> float:
     """Token mean of the k3 estimator of KL(before || after) over the trained tokens, the tokens being samples
     of the sampling policy (= the pre-update policy on-policy), as `approx_kl` estimates the drift."""
     total = 0.0
     with torch.no_grad():
         for b, lp_before in zip(batches, before):
-            log_ratio = (token_logprobs(model, b, temperature) - lp_before).clamp(-KL_CLAMP, KL_CLAMP)
+            log_ratio = (token_logprobs(model, b, temperature, attention) - lp_before).clamp(-KL_CLAMP, KL_CLAMP)
             total += float((torch.exp(log_ratio) - log_ratio - 1).sum())
     return total / max(n, 1)
