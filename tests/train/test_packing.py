@@ -271,19 +271,24 @@ def test_flex_kernel_forward_matches_flat_on_cpu(model, trees, reference):
                 torch.testing.assert_close(v, reference[1][k], atol=1e-5, rtol=1e-5)
 
 
+def assert_packed_matches_flat(m, trees, max_tokens: int, attention: str, tol: float) -> None:
+    """Per-token log-probs and gradients of the packed rows (this kernel) equal those of flat rows."""
+    ref_grads, ref = weighted_backward(m, trees, flat_token_logprobs(m, trees, advantages_of(trees)))
+    per_key = {}
+    for b in pack_trees(trees, advantages_of(trees), max_tokens=max_tokens):
+        per_key.update(b.by_segment(token_logprobs(m, b, attention=attention)))
+    grads, got = weighted_backward(m, trees, per_key)
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], atol=tol, rtol=tol)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=tol, rtol=tol)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flex attention has no backward on CPU in torch; needs CUDA")
 def test_flex_kernel_logprobs_and_gradients_match_flat_on_cuda(trees):
     m, _ = create_tiny_model(hidden=32, layers=2, heads=2)
     m = m.float().eval().cuda()
-    ref_grads, ref = weighted_backward(m, trees, flat_token_logprobs(m, trees, advantages_of(trees)))
-    per_key = {}
-    for b in pack_trees(trees, advantages_of(trees), max_tokens=60):
-        per_key.update(b.by_segment(token_logprobs(m, b, attention="auto")))  # auto is flex on CUDA
-    grads, got = weighted_backward(m, trees, per_key)
-    for k in ref:
-        torch.testing.assert_close(got[k], ref[k], atol=1e-4, rtol=1e-4)
-    for n in ref_grads:
-        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-4)
+    assert_packed_matches_flat(m, trees, max_tokens=60, attention="auto", tol=1e-4)  # auto is flex on CUDA
 
 
 def test_bad_tree_attention_is_one_line(trees):
@@ -306,15 +311,7 @@ def test_blocks_kernel_with_grouped_query_attention(trees):
         num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa",
     )  # fmt: skip
     m = LlamaForCausalLM(config).float().eval()
-    ref_grads, ref = weighted_backward(m, trees, flat_token_logprobs(m, trees, advantages_of(trees)))
-    per_key = {}
-    for b in pack_trees(trees, advantages_of(trees), max_tokens=80):
-        per_key.update(b.by_segment(token_logprobs(m, b, attention="blocks")))
-    grads, got = weighted_backward(m, trees, per_key)
-    for k in ref:
-        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5)
-    for n in ref_grads:
-        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-5, rtol=1e-5)
+    assert_packed_matches_flat(m, trees, max_tokens=80, attention="blocks", tol=1e-5)
 
 
 def test_tree_kernels_refuse_what_they_do_not_implement(trees):
