@@ -132,6 +132,7 @@ def test_inherited_settings_keep_their_docs_and_follow_a_commands_own():
 
 
 def test_help_shows_the_commands_own_default_of_a_group_it_overrides():
+    pytest.importorskip("torch")  # train's config holds the update's, which names torch's attention kernels
     from trace_rl.config import help_text
     from trace_rl.train.rollout_compare import RolloutConfig
     from trace_rl.train.trainer import TrainConfig
