@@ -147,6 +147,12 @@ def _offline() -> bool:
     )
 
 
+def _hub_options() -> dict:
+    """`from_pretrained` options: local files only when offline now. huggingface_hub reads HF_HUB_OFFLINE once, at
+    import, so a setting made later (a test's, a notebook's) would otherwise still enter its retry loop."""
+    return {"local_files_only": True} if _offline() else {}
+
+
 def _hub_reachable(timeout: float = HUB_PROBE_S) -> str | None:
     """None when the hub endpoint accepts a TCP connection within `timeout`, else why not (no HTTP request)."""
     import socket
@@ -219,8 +225,7 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
         model, tok = create_tiny_model(seed=0)
         return model.to(device).eval(), tok
     path = resolve_model_path(name)
-    # huggingface_hub reads HF_HUB_OFFLINE once, at import: set later, only this keeps it from the retry loop
-    local = {"local_files_only": True} if _offline() else {}
+    local = _hub_options()
     try:
         tok = AutoTokenizer.from_pretrained(path, **local)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **local)
@@ -242,7 +247,7 @@ def load_tokenizer(name: str):
 
     path = resolve_model_path(name)
     try:
-        tok = AutoTokenizer.from_pretrained(path, **({"local_files_only": True} if _offline() else {}))
+        tok = AutoTokenizer.from_pretrained(path, **_hub_options())
     except OSError as err:
         raise MissingFileError(f"cannot load the tokenizer of {name!r}: {str(err).splitlines()[0]}") from None
     if not getattr(tok, "chat_template", None):
