@@ -10,7 +10,7 @@ from test_packing import random_tree, shared_turn_tree
 
 from trace_rl.lm.models import create_tiny_model
 from trace_rl.train.packing import flat_token_logprobs
-from trace_rl.train.update import UpdateConfig, make_optimizer, update_policy
+from trace_rl.train.update import UpdateConfig, make_optimizer, scheduled_lr, update_policy
 
 
 def tiny():
@@ -122,6 +122,7 @@ def test_lora_trains_adapters_only_with_the_base_as_reference():
         ({"epochs": 0}, "epochs must be >= 1"),
         ({"clip_ratio_c": 1.0}, "clip_ratio_c must be > 1"),
         ({"lora_rank": -1}, "lora_rank must be >= 0"),
+        ({"final_lr": 1.5}, "final_lr must be in [0, 1]"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, message):
@@ -191,3 +192,11 @@ def test_update_weighting_setting_reaches_the_packer(weighting, shared):
     assert b.by_segment(b.advantages)[(0, "0.0")].tolist() == [0.5 * shared]
     with pytest.raises(ValueError, match="weighting must be one of"):
         UpdateConfig(weighting="none")
+
+
+def test_the_learning_rate_falls_linearly_by_step_to_its_final_share():
+    cfg = UpdateConfig(lr=1e-3, final_lr=0.1)
+    assert [scheduled_lr(cfg, s, 4) for s in range(4)] == pytest.approx([1e-3, 7e-4, 4e-4, 1e-4])
+    assert scheduled_lr(cfg, 9, 4) == pytest.approx(1e-4)  # past the last step (steps lowered on resume): the floor
+    assert scheduled_lr(cfg, 0, 1) == 1e-3  # one step: the peak
+    assert [scheduled_lr(UpdateConfig(lr=1e-3), s, 4) for s in range(4)] == [1e-3] * 4  # the default: constant

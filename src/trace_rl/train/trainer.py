@@ -40,7 +40,7 @@ from ..stack.build import build_actor, build_engine, build_env, build_policy, bu
 from ..stack.config import LMEnvConfig, LMRunConfig, check_seed
 from .checkpoint import checkpoints, restore, resume_point, save_checkpoint
 from .loggers import SINKS, StepLogger
-from .update import UpdateConfig, make_optimizer, update_policy
+from .update import UpdateConfig, make_optimizer, scheduled_lr, set_lr, update_policy
 
 
 @dataclass
@@ -291,6 +291,7 @@ def train(cfg: TrainConfig, config_yaml: str = "", before: dict | None = None) -
             rec = step_record(result, seed=cfg.seed)
             t0 = time.perf_counter()
             model.train()
+            set_lr(optimizer, scheduled_lr(cfg.update, step, cfg.steps))
             active = result.active
             stats = update_policy(
                 model,
@@ -305,6 +306,7 @@ def train(cfg: TrainConfig, config_yaml: str = "", before: dict | None = None) -
             policy.sync_weights()  # the backend samples the new weights; no cached KV of the old ones
             rec.timing_s["update"] = time.perf_counter() - t0
             rec.train.update({k.split("/", 1)[1]: v for k, v in stats.items()})
+            rec.train["lr"] = optimizer.param_groups[0]["lr"]
             state["rollouts"] += result.rollouts
             rec.train["rollouts_total"] = state["rollouts"]
             if step == 0 and before:  # the start of every accuracy curve: 0 rollouts

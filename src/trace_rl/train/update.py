@@ -56,6 +56,7 @@ class UpdateConfig:
     # 0.01-0.02 and held-out accuracy falls in the first steps; at 1e-4 a 40-step run barely moves
     # (docs/results/2026-12-01-accuracy-lm.md). Use about 1e-6 for 100M+ models (verl's default for Qwen-scale actors).
     lr: float = 2e-4  # AdamW learning rate
+    final_lr: float = 1.0  # the learning rate decays linearly by step to this share of lr at the last step (1: constant)
     weight_decay: float = 0.0  # AdamW decay; 0 because decay pulls a warm-started policy off regardless of reward
     max_grad_norm: float = 1.0  # clip the global gradient norm (0: no clipping, norm still reported)
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
@@ -82,6 +83,8 @@ class UpdateConfig:
         for name in ("kl_coef", "weight_decay", "max_grad_norm"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.final_lr <= 1:
+            raise ValueError(f"final_lr must be in [0, 1] (a share of lr at the last step), got {self.final_lr}")
         for name in ("lr", "lora_alpha"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -127,6 +130,18 @@ def make_optimizer(model, cfg: UpdateConfig) -> torch.optim.Optimizer:
     if not params:
         raise ValueError("the model has no trainable parameters")
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def scheduled_lr(cfg: UpdateConfig, step: int, steps: int) -> float:
+    """The learning rate of update `step` (0-based) of `steps`: lr at the first, falling linearly to
+    final_lr x lr at the last. A function of the step alone, so a resumed run sets the rate an uninterrupted one had."""
+    frac = step / (steps - 1) if steps > 1 else 0.0
+    return cfg.lr * (1.0 - (1.0 - cfg.final_lr) * min(frac, 1.0))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def _batches(trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: UpdateConfig) -> list[PackedBatch]:
