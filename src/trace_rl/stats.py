@@ -151,10 +151,11 @@ def cost_to_target_ci(
     """(mean, lo, hi, seeds that reached it): `cost_to_target` per seed's (costs, values) curve, against one
     target or one per seed (e.g. GRPO's final accuracy on the same seed), with `mean_ci` over the seeds that
     reached their target. A mean over the reaching seeds only flatters a method that often misses: read it with
-    the count."""
+    the count. A cost is never negative, so the t interval's lower end is cut at 0 (with 2-3 seeds it often
+    falls below)."""
     tg = [float(targets)] * len(curves) if np.isscalar(targets) else [float(t) for t in targets]  # type: ignore[union-attr]
     if len(tg) != len(curves):
         raise ValueError(f"cost_to_target_ci: {len(curves)} curves but {len(tg)} targets")
     hit = [x for x in (cost_to_target(c, v, t) for (c, v), t in zip(curves, tg)) if not math.isnan(x)]
     m, lo, hi = mean_ci(hit, level)
-    return m, lo, hi, len(hit)
+    return m, (lo if math.isnan(lo) else max(lo, 0.0)), hi, len(hit)

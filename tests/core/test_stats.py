@@ -89,7 +89,11 @@ def test_cost_to_target_ci_averages_the_seeds_that_reached_it_and_counts_them():
     m, lo, hi, n = cost_to_target_ci(curves, 0.6)
     # crossings 150 and 100 (the third never gets there): mean 125, sd 35.355, t(0.975, 1) = 12.7062
     assert n == 2 and m == pytest.approx(125.0)
-    assert hi - m == pytest.approx(12.7062 * 35.3553 / math.sqrt(2), rel=1e-4) and lo == pytest.approx(2 * m - hi)
+    assert hi - m == pytest.approx(12.7062 * 35.3553 / math.sqrt(2), rel=1e-4)
+    assert lo == 0.0  # the t interval reaches 125 - 317.7: a cost is cut at 0
+    _, lo, hi, _ = cost_to_target_ci([([0, 200], [0.4, 0.8]), ([0, 220], [0.4, 0.8])], 0.6)  # 100 and 110
+    half = 12.7062 * 7.0711 / math.sqrt(2)
+    assert (lo, hi) == pytest.approx((105.0 - half, 105.0 + half), rel=1e-4)  # above 0: left as it is
     # per-seed targets (e.g. GRPO's final accuracy on each seed)
     m, _, _, n = cost_to_target_ci(curves, [0.5, 0.7, 0.1])
     assert n == 3 and m == pytest.approx((100 + 200 + 0) / 3)
