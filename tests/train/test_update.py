@@ -199,4 +199,4 @@ def test_the_learning_rate_falls_linearly_by_step_to_its_final_share():
     assert [scheduled_lr(cfg, s, 4) for s in range(4)] == pytest.approx([1e-3, 7e-4, 4e-4, 1e-4])
     assert scheduled_lr(cfg, 9, 4) == pytest.approx(1e-4)  # past the last step (steps lowered on resume): the floor
     assert scheduled_lr(cfg, 0, 1) == 1e-3  # one step: the peak
-    assert [scheduled_lr(UpdateConfig(lr=1e-3), s, 4) for s in range(4)] == [1e-3] * 4  # the default: constant
+    assert [scheduled_lr(UpdateConfig(lr=1e-3, final_lr=1.0), s, 4) for s in range(4)] == [1e-3] * 4  # constant

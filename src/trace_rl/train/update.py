@@ -56,7 +56,9 @@ class UpdateConfig:
     # 0.01-0.02 and held-out accuracy falls in the first steps; at 1e-4 a 40-step run barely moves
     # (docs/results/2026-12-01-accuracy-lm.md). Use about 1e-6 for 100M+ models (verl's default for Qwen-scale actors).
     lr: float = 2e-4  # AdamW learning rate
-    final_lr: float = 1.0  # the rate decays linearly by step to this share of lr at the last step (1: constant)
+    # At a constant 2e-4, GRPO on the default task gained 12 points by step 20 and lost 8 of them by step 40; decayed
+    # to 10% it kept climbing on every seed tried (docs/results/2026-12-01-accuracy-lm.md).
+    final_lr: float = 0.1  # the rate decays linearly by step to this share of lr at the last step (1: constant)
     weight_decay: float = 0.0  # AdamW decay; 0 because decay pulls a warm-started policy off regardless of reward
     max_grad_norm: float = 1.0  # clip the global gradient norm (0: no clipping, norm still reported)
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
