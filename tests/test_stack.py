@@ -177,7 +177,7 @@ def test_each_compare_run_gets_its_own_resolved_config(tmp_path, monkeypatch):
 
     seen = {}
 
-    def fake_train(run_cfg, config_yaml="", before=None):
+    def fake_train(run_cfg, config_yaml="", before=None, on_before=None):
         seen[(run_cfg.method, run_cfg.seed)] = config_yaml
         raise SystemExit  # stop after the first run: only its arguments matter here
 

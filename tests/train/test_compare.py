@@ -126,7 +126,7 @@ def test_methods_with_an_advantage_estimator():
 
 
 def _fake_train(calls):
-    def train(cfg, config_yaml="", before=None):
+    def train(cfg, config_yaml="", before=None, on_before=None):
         calls.append((cfg.method, cfg.advantage, cfg.seed, cfg.resume))
         out = Path(cfg.out)
         r = run(cfg.seed, 0.4, [0.5, 0.6])

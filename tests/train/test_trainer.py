@@ -177,3 +177,25 @@ def test_compare_evaluates_the_start_once_per_seed_and_gets_the_number_a_lone_ru
     assert main(["train", f"out={tmp_path / 'alone'}", "method=trace", "seed=3", "steps=1", *SMALL]) == 0
     alone = json.loads((tmp_path / "alone" / "train_summary.json").read_text())
     assert alone["before"] == runs["trace"][0]["before"]  # evaluated on its own: the very same figures
+
+
+def test_compare_with_two_workers_trains_the_runs_one_at_a_time_would(tmp_path):
+    import torch
+
+    from trace_rl.train.compare import check_pairing, load_runs
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # what each of two workers gets on 2 cores: the same arithmetic as the workers
+    try:
+        for name, workers in (("serial", 1), ("parallel", 2)):
+            args = ["compare", f"out={tmp_path / name}", "methods=[grpo,trace]", "seeds=[3,4]", "train.steps=1"]
+            assert main(args + [f"train.{a}" for a in SMALL] + [f"workers={workers}"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    serial, parallel = (load_runs(tmp_path / name, ["grpo", "trace"]) for name in ("serial", "parallel"))
+    assert check_pairing(parallel) == []
+    for method in ("grpo", "trace"):
+        assert [s["seed"] for s in parallel[method]] == [3, 4]
+        for a, b in zip(serial[method], parallel[method]):
+            assert [untimed(r) for r in a["records"]] == [untimed(r) for r in b["records"]]
+    assert main(["compare", f"out={tmp_path / 'x'}", "workers=0"]) == 2  # one line, not a traceback

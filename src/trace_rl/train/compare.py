@@ -19,7 +19,11 @@ run trained with other settings is refused rather than mixed in. The table cover
 listed methods found under `out`, seeds beyond those listed included, so a study grown over several
 invocations (5 seeds of some methods, 3 of others) is summarised whole; each row says how many seeds it holds.
 Runs go seed by seed (every method of seed 0, then seed 1, ...), so a study stopped part-way holds complete
-pairs; the evaluation before training, the same for every method of a seed, is computed once per seed.
+pairs; the evaluation before training, the same for every method of a seed, is computed once per seed (twice at
+most with workers: two runs of a seed that start together both compute it). `workers=2` trains two runs at once,
+each in its own process with half the cores' torch threads: on a small machine and the tiny model one thread per
+run uses the cores better than two threads for one run. A run's figures depend on its seed and on the torch
+thread count (the last bits of a matmul's sums), not on the number of workers: keep one thread count per study.
 
 Limits: with 3-5 seeds the intervals are wide and the bootstrap one is coarse (see `stats`); costs-to-target
 average the seeds that got there, so read them with the count. Wall-clock sums the logged step, update and
@@ -32,6 +36,7 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +76,7 @@ class CompareConfig:
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))  # names, or method:advantage (trace:grpo)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one run per method and seed
     train: TrainConfig = field(default_factory=TrainConfig)  # the settings every run shares (its method is replaced)
+    workers: int = 1  # runs trained at once, each in its own process with cores // workers torch threads (at least 1)
 
     def __post_init__(self):
         allowed = [m for m in METHODS if METHODS[m].predictor != "oracle"]
@@ -90,6 +96,8 @@ class CompareConfig:
             raise ValueError(f"seeds: each seed once, got {self.seeds}")
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1 (runs trained at once), got {self.workers}")
 
 
 def run_settings(cfg: TrainConfig) -> dict:
@@ -155,10 +163,40 @@ def run_one(cfg: CompareConfig, spec: str, seed: int) -> Path:
     key = start_settings(run_cfg)
     cached = json.loads(shared.read_text()) if shared.exists() else {}
     before = cached.get("before") if cached.get("settings") == key else None
-    summary = train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)), before=before)
-    if before is None and summary.get("before"):
-        shared.write_text(json.dumps({"settings": key, "before": summary["before"]}, indent=2))
+
+    def share(evaluated: dict) -> None:  # as soon as it exists, so a run of the seed started meanwhile reads it
+        tmp = shared.with_name(f".{shared.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"settings": key, "before": evaluated}, indent=2))
+        tmp.replace(shared)
+
+    train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)), before=before, on_before=share)
     return run
+
+
+def _run_in_worker(cfg: CompareConfig, spec: str, seed: int, threads: int) -> Path:
+    import torch
+
+    torch.set_num_threads(threads)
+    return run_one(cfg, spec, seed)
+
+
+def run_all(cfg: CompareConfig) -> None:
+    """Every (seed, method) run, seed by seed; with workers > 1, that many at once in spawned processes of
+    cores // workers torch threads each. Two runs of a seed that start together may both evaluate the start (the
+    same figures); a run that starts after the first of its seed has evaluated reads it."""
+    jobs = [(spec, seed) for seed in cfg.seeds for spec in cfg.methods]  # a study stopped part-way holds pairs
+    if cfg.workers == 1:
+        for spec, seed in jobs:
+            run_one(cfg, spec, seed)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    threads = max(1, (os.cpu_count() or 1) // cfg.workers)
+    context = multiprocessing.get_context("spawn")  # torch and fork do not mix
+    with ProcessPoolExecutor(cfg.workers, mp_context=context) as pool:
+        for done in [pool.submit(_run_in_worker, cfg, spec, seed, threads) for spec, seed in jobs]:
+            done.result()  # the first failure stops the command with its own message
 
 
 def load_runs(out: Path, methods: list[str], cfg: CompareConfig | None = None) -> dict[str, list[dict]]:
@@ -185,9 +223,7 @@ def run_compare(cfg: CompareConfig, config_yaml: str = "") -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     if config_yaml:
         (out / "config.yaml").write_text(config_yaml)
-    for seed in cfg.seeds:  # seed by seed: a study stopped part-way holds complete pairs
-        for spec in cfg.methods:
-            run_one(cfg, spec, seed)
+    run_all(cfg)
     runs = load_runs(out, cfg.methods, cfg)
     for problem in check_pairing(runs):
         print(f"warning: {problem}", file=sys.stderr)

@@ -26,6 +26,7 @@ import json
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,12 +204,19 @@ def _finished_summary(cfg: TrainConfig, out: Path, state: dict) -> dict:
         }
 
 
-def train(cfg: TrainConfig, config_yaml: str = "", before: dict | None = None) -> dict:
+def train(
+    cfg: TrainConfig,
+    config_yaml: str = "",
+    before: dict | None = None,
+    on_before: Callable[[dict], None] | None = None,
+) -> dict:
     """Run (or resume) training; returns a summary (accuracy before and after, effective ratio, paths).
 
     `before`: the evaluation of the start policy on this run's held-out tasks, when the caller already has it
     (`compare`: every method of a seed starts from the same policy and evaluates the same tasks with per-sample
-    seeds, so the evaluation is the same number; it is computed once per seed, not once per run)."""
+    seeds, so the evaluation is the same number; it is computed once per seed, not once per run).
+    `on_before`: called with the evaluation of the start as soon as this run has computed it.
+    """
     import torch
 
     from ..lm.models import load_model
@@ -272,7 +280,11 @@ def train(cfg: TrainConfig, config_yaml: str = "", before: dict | None = None) -
     state["held_out_digest"] = task_digest(held_out)
     if start == 0:
         model.eval()
-        before = dict(before) if before else evaluate_policy(cfg, actor, held_out, 0)
+        if not before:
+            before = evaluate_policy(cfg, actor, held_out, 0)
+            if on_before:
+                on_before(before)
+        before = dict(before)
         state["accuracy_before"] = before["accuracy"]
         state["before"] = before
         print(
