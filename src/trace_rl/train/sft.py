@@ -136,7 +136,7 @@ class SFTConfig:
 
     out: str = ""  # where to save (default: the user cache, where model=tiny finds it)
     seed: int = 0  # one seed gives one model on any machine
-    steps: int = 1500  # optimizer steps (about 4 minutes for the tiny model on 2 cores)
+    steps: int = 1500  # optimizer steps (about 5 minutes for the tiny model on 2 cores)
     sft: SFTParams = field(default_factory=SFTParams)
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)  # model: 'tiny' trains a fresh tiny model
 
