@@ -41,7 +41,7 @@ from ..stack.build import build_actor, build_engine, build_env, build_policy, bu
 from ..stack.config import LMEnvConfig, LMRunConfig, check_seed
 from .checkpoint import checkpoints, restore, resume_point, save_checkpoint
 from .loggers import SINKS, StepLogger
-from .update import UpdateConfig, make_optimizer, scheduled_lr, set_lr, update_policy
+from .update import UpdateConfig, make_optimizer, scheduled_lr, update_policy
 
 
 @dataclass
@@ -303,7 +303,9 @@ def train(
             rec = step_record(result, seed=cfg.seed)
             t0 = time.perf_counter()
             model.train()
-            set_lr(optimizer, scheduled_lr(cfg.update, step, cfg.steps))
+            lr = scheduled_lr(cfg.update, step, cfg.steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             active = result.active
             stats = update_policy(
                 model,
@@ -318,7 +320,7 @@ def train(
             policy.sync_weights()  # the backend samples the new weights; no cached KV of the old ones
             rec.timing_s["update"] = time.perf_counter() - t0
             rec.train.update({k.split("/", 1)[1]: v for k, v in stats.items()})
-            rec.train["lr"] = optimizer.param_groups[0]["lr"]
+            rec.train["lr"] = lr
             state["rollouts"] += result.rollouts
             rec.train["rollouts_total"] = state["rollouts"]
             if step == 0 and before:  # the start of every accuracy curve: 0 rollouts

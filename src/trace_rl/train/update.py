@@ -141,11 +141,6 @@ def scheduled_lr(cfg: UpdateConfig, step: int, steps: int) -> float:
     return cfg.lr * (1.0 - (1.0 - cfg.final_lr) * min(frac, 1.0))
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-
 def _batches(trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: UpdateConfig) -> list[PackedBatch]:
     if cfg.packing == "flat":
         return pack_paths(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=cfg.weighting)
