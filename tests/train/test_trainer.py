@@ -179,11 +179,12 @@ def test_compare_evaluates_the_start_once_per_seed_and_gets_the_number_a_lone_ru
     assert alone["before"] == runs["trace"][0]["before"]  # evaluated on its own: the very same figures
 
 
-def test_compare_with_two_workers_trains_the_runs_one_at_a_time_would(tmp_path):
+def test_compare_with_two_workers_trains_the_runs_one_at_a_time_would(tmp_path, monkeypatch):
     import torch
 
     from trace_rl.train.compare import check_pairing, load_runs
 
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # 2 cores, so each worker gets 1 thread on any machine
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what each of two workers gets on 2 cores: the same arithmetic as the workers
     try:
