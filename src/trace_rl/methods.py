@@ -51,6 +51,8 @@ METHODS: dict[str, Method] = {
         Method("trace_uniform", "uniform", "random", "trace"),
         Method("trace_root_only", "active", "random", "trace"),
         Method("trace_prefix_only", "uniform", "active", "trace"),
+        # PCL's root allocation under TRACE's prefix stage and estimator: the tree estimator where PCL applies
+        Method("trace_pcl_root", "pcl", "active", "trace"),
     ]
 }
 

@@ -32,6 +32,9 @@ def test_uniform_and_pcl_and_active(plan):
     assert m[:4].tolist() == [8, 8, 8, 8] and m[4:].sum() == 0
     m = allocate_method_roots(get_method("pcl"), v, plan)
     assert sorted(np.flatnonzero(m).tolist()) == [2, 3, 6, 9]
+    # PCL's prompts under TRACE's prefix stage: half the budget as bare rollouts (N = 1), spread evenly
+    m = allocate_method_roots(get_method("trace_pcl_root"), v, plan)
+    assert np.flatnonzero(m).tolist() == [2, 3, 6, 9] and m[[2, 3, 6, 9]].tolist() == [4, 4, 4, 4]
     m = allocate_method_roots(get_method("trace"), v, plan)
     assert m[[0, 1, 7, 8, 11]].sum() == 0  # hopeless and trivial prompts are skipped
     m = allocate_method_roots(get_method("knapsack_rl"), v, plan)
