@@ -103,7 +103,14 @@ class CompareConfig:
 def run_settings(cfg: TrainConfig) -> dict:
     """What a run computes from: its config without where it writes and how it reports."""
     d = dataclasses.asdict(cfg)
-    return json.loads(json.dumps({k: v for k, v in d.items() if k not in NOT_SETTINGS}, default=str))
+    return _without_unread(json.loads(json.dumps({k: v for k, v in d.items() if k not in NOT_SETTINGS}, default=str)))
+
+
+def _without_unread(settings: dict) -> dict:
+    """A method that never branches never reads budget.branch_factor, so one GRPO run serves a study at any N."""
+    if settings.get("method") in METHODS and not METHODS[settings["method"]].branches:
+        settings.get("budget", {}).pop("branch_factor", None)
+    return settings
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -121,7 +128,7 @@ def _finished(run: Path, cfg: TrainConfig) -> bool:
     path = run / RUN_SETTINGS
     if not path.exists():
         return False
-    diff = _differences(json.loads(path.read_text()), run_settings(cfg))
+    diff = _differences(_without_unread(json.loads(path.read_text())), run_settings(cfg))
     if diff:
         raise ValueError(
             f"out: {run} holds a run with other settings (differs in {', '.join(diff)}); "
