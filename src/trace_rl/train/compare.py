@@ -107,9 +107,12 @@ def run_settings(cfg: TrainConfig) -> dict:
 
 
 def _without_unread(settings: dict) -> dict:
-    """A method that never branches never reads budget.branch_factor, so one GRPO run serves a study at any N."""
+    """A method that never branches never reads budget.branch_factor, and its turns each lie on one path, so
+    update.weighting (how a turn shared by k leaves is weighted) leaves it unchanged: one GRPO run serves a study
+    at any N or weighting."""
     if settings.get("method") in METHODS and not METHODS[settings["method"]].branches:
         settings.get("budget", {}).pop("branch_factor", None)
+        settings.get("update", {}).pop("weighting", None)
     return settings
 
 
