@@ -14,6 +14,7 @@ from trace_rl.methods import BudgetPlan  # noqa: E402
 from trace_rl.train import compare as cmp  # noqa: E402
 from trace_rl.train.compare import (  # noqa: E402
     CompareConfig,
+    at_equal_cost,
     check_pairing,
     cost_points,
     curves,
@@ -90,6 +91,21 @@ def test_summary_by_hand():
     assert t["advantage"] == "trace" and t["seeds"] == [0, 1]
     table = format_compare(list(rows.values()))
     assert "+0.100 [+0.100, +0.100]" in table and "25 [" in table and "(2/2)" in table
+
+
+def test_equal_tokens_reads_both_curves_at_the_smaller_token_total():
+    # GRPO: (0, 0.4) (200, 0.5) (400, 0.6); the tree method spends half the tokens: (0, 0.4) (100, 0.6) (200, 0.7)
+    grpo, tree = run(0, 0.4, [0.5, 0.6]), run(0, 0.4, [0.6, 0.7], tokens=(50, 50, 50, 50))
+    assert at_equal_cost(curves(tree)["tokens"], curves(grpo)["tokens"]) == pytest.approx((0.7, 0.5))
+    assert at_equal_cost(curves(grpo)["tokens"], curves(tree)["tokens"]) == pytest.approx((0.5, 0.7))
+    # seed 1: GRPO (0, 0.5) (200, 0.6) (400, 0.8); the tree method ends at 300 tokens on 0.65, GRPO there 0.7
+    runs = {
+        "grpo": [grpo, run(1, 0.5, [0.6, 0.8])],
+        "trace": [tree, run(1, 0.5, [0.6, 0.65], tokens=(75, 75, 75, 75))],
+    }
+    t = {r["method"]: r for r in summarize_compare(runs)}["trace"]
+    assert t["tokens_diff_vs_grpo"]["mean"] == pytest.approx((0.2 - 0.05) / 2)
+    assert t["diff_vs_grpo"]["mean"] == pytest.approx((0.1 - 0.15) / 2)  # final against final: the other sign
 
 
 def test_a_method_that_never_reaches_grpo_final_says_so():

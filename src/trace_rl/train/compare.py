@@ -6,9 +6,10 @@ Per method (a method name, or `method:advantage` to train an allocation with ano
 allocation and update can be told apart): held-out accuracy before and after and the gain, each with a 95% t
 interval over seeds; the paired difference to GRPO's final accuracy on the same seeds with a bootstrap 95%
 interval; the same two for the accuracy averaged over the evaluations after the start (less at the mercy of the
-last step's swing); rollouts and generated tokens needed to reach GRPO's final accuracy of the same seed (first
-crossing of the curve, linear between evaluations, 0 rollouts = the accuracy before), with a t interval over the
-seeds that reached it and their count; effective ratio (and its ratio to GRPO's), contrast groups per 1k
+last step's swing); the paired difference at equal tokens (both curves read at the smaller token total, linear
+between evaluations); rollouts and generated tokens needed to reach GRPO's final accuracy of the same seed (first
+crossing of the curve, 0 rollouts = the accuracy before), with a t interval over the seeds that reached it and
+their count; effective ratio (and its ratio to GRPO's), contrast groups per 1k
 rollouts; the chain per step (share of trained tokens with a non-zero advantage, gradient norm, KL of the
 update); rollouts, tokens and wall-clock. PNG plots: accuracy against rollouts and against tokens (from 0, seed
 bands), effective ratio per step, and the chain.
@@ -277,6 +278,13 @@ def curves(summary: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"rollouts": (np.array(rollouts), y), "tokens": (np.array(tokens), y)}
 
 
+def at_equal_cost(ours: tuple[np.ndarray, np.ndarray], theirs: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
+    """Both curves' accuracy at the smaller of their two final costs (linear between evaluations): a method that
+    spent fewer tokens is read at its end, the other where it had spent as many."""
+    cost = min(ours[0][-1], theirs[0][-1])
+    return float(np.interp(cost, *ours)), float(np.interp(cost, *theirs))
+
+
 def mean_trained_accuracy(summary: dict) -> float:
     """Held-out accuracy averaged over the evaluations after training began. A policy trained with small steps
     swings from one evaluation to the next by more than the sampling error; the mean over the run's evaluations
@@ -336,6 +344,11 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
                 [mean_trained_accuracy(s) for s in paired], [mean_trained_accuracy(base[s["seed"]]) for s in paired]
             )
             row["mean_diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
+            ours_t, theirs_t = zip(
+                *[at_equal_cost(curves(s)["tokens"], curves(base[s["seed"]])["tokens"]) for s in paired]
+            )
+            m, lo, hi = paired_bootstrap_ci(list(ours_t), list(theirs_t))
+            row["tokens_diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
             base_er = float(np.mean(_per_run_mean([base[s["seed"]] for s in paired], "rollout/effective_ratio")))
             ours_er = float(np.mean([e for e, s in zip(er, seeds) if s["seed"] in base]))
             row["er_vs_grpo"] = ours_er / base_er if base_er else math.nan
@@ -374,6 +387,7 @@ def format_compare(rows: list[dict]) -> str:
                 "after_vs_grpo": _fmt_ci(r.get("diff_vs_grpo"), signed=True),
                 "acc_mean": _fmt_ci(r["acc_mean"]),
                 "mean_vs_grpo": _fmt_ci(r.get("mean_diff_vs_grpo"), signed=True),
+                "equal_tokens_vs_grpo": _fmt_ci(r.get("tokens_diff_vs_grpo"), signed=True),
                 "rollouts_to_grpo_final": _fmt_ci(reach, digits=0) if reach and reach["reached"] else "-",
                 "tokens_to_grpo_final": _fmt_ci(r.get("tokens_to_grpo_final"), digits=0) if reach else "-",
                 "effective_ratio": _fmt_ci(r["effective_ratio"]),
@@ -389,7 +403,8 @@ def format_compare(rows: list[dict]) -> str:
         )
     note = (
         "mean [95% interval] over seeds; after_vs_grpo: paired bootstrap over common seeds; acc_mean: accuracy "
-        "averaged over the evaluations after the start (mean_vs_grpo: its paired difference); "
+        "averaged over the evaluations after the start (mean_vs_grpo: its paired difference); equal_tokens_vs_grpo: "
+        "both curves read at the smaller of the two runs' token totals, paired; "
         "*_to_grpo_final: first crossing of GRPO's final accuracy on the same seed (seeds reached/seeds)"
     )
     for key, what in (("eval_se", "over tasks"), ("eval_se_sampling", "of the sampling on the held-out set")):
