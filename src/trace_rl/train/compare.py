@@ -9,10 +9,10 @@ interval; the same two for the accuracy averaged over the evaluations after the 
 last step's swing); the paired difference at equal tokens (both curves read at the smaller token total, linear
 between evaluations); rollouts and generated tokens needed to reach GRPO's final accuracy of the same seed (first
 crossing of the curve, 0 rollouts = the accuracy before), with a t interval over the seeds that reached it and
-their count; effective ratio (and its ratio to GRPO's), contrast groups per 1k
-rollouts; the chain per step (share of trained tokens with a non-zero advantage, gradient norm, KL of the
-update); rollouts, tokens and wall-clock. PNG plots: accuracy against rollouts and against tokens (from 0, seed
-bands), effective ratio per step, and the chain.
+their count; effective ratio (and its ratio to GRPO's), contrast groups per 1k rollouts; the chain per step
+(share of trained tokens with a non-zero advantage, gradient norm, KL of the update); rollouts, tokens and
+wall-clock. PNG plots: accuracy against rollouts and against tokens (from 0, seed bands), effective ratio per
+step, and the chain.
 
 Resuming: a run whose train_summary.json says it finished is read, not rerun; an unfinished one resumes from
 its newest checkpoint. Each run directory keeps the settings it was trained with (run_settings.json), and a
