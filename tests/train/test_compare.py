@@ -156,7 +156,17 @@ def _fake_train(calls):
     return train
 
 
-def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_path, monkeypatch):
+@pytest.fixture
+def built_warm_starts(monkeypatch):
+    """compare builds the warm starts before any run: here, a stand-in that only records which."""
+    import trace_rl.train.trainer as trainer
+
+    built = []
+    monkeypatch.setattr(trainer, "ensure_policy", lambda cfg: built.append(cfg.policy.model) or {})
+    return built
+
+
+def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_path, monkeypatch, built_warm_starts):
     calls = []
     monkeypatch.setattr(cmp, "train", _fake_train(calls))
     monkeypatch.setattr(cmp, "plot_compare", lambda runs, out: None)
@@ -198,3 +208,49 @@ def test_standard_errors_of_an_evaluation_by_hand():
     # sampling: only task 1 varies, c (S - c) / (S^2 (S - 1)) = 1 / 4 -> sqrt(1/4) / 3
     assert sampling == pytest.approx(0.5 / 3)
     assert math.isnan(accuracy_se([{"index": 0, "score": 1}, {"index": 1, "score": 0}], 2)[1])
+
+
+def test_pairs_span_warm_starts_and_the_table_names_tuning_seeds(tmp_path, monkeypatch, built_warm_starts):
+    calls = []
+    monkeypatch.setattr(cmp, "train", _fake_train(calls))
+    monkeypatch.setattr(cmp, "plot_compare", lambda runs, out: None)
+    cfg = CompareConfig(
+        out=str(tmp_path), methods=["grpo"], seeds=[100], warm_starts=[0, 1], train=TrainConfig(steps=4)
+    )
+    rows = cmp.run_compare(cfg)
+    assert built_warm_starts == ["tiny@0", "tiny@1"] and len(calls) == 2  # built first, once each
+    assert (tmp_path / "grpo" / "seed100").is_dir() and (tmp_path / "grpo" / "ws1-seed100").is_dir()
+    assert json.loads((tmp_path / "grpo" / "ws1-seed100" / "run_settings.json").read_text())["policy"]["model"] == (
+        "tiny@1"
+    )
+    assert rows[0]["pairs"] == ["seed100", "ws1-seed100"] and rows[0]["warm_starts"] == [0, 1]
+    assert "evaluation seeds only" in format_compare(rows)
+    assert "TUNING seeds [3]" in format_compare(summarize_compare({"grpo": [run(3, 0.4, [0.5, 0.6])]}))
+    assert cmp.parse_pair("ws2-seed7") == (2, 7) and cmp.parse_pair("seed7") == (0, 7) and not cmp.parse_pair("x")
+    with pytest.raises(ValueError, match="warm_starts"):
+        CompareConfig(warm_starts=[0, 0])
+    with pytest.raises(ValueError, match="only the tiny policy"):
+        CompareConfig(warm_starts=[0, 1], train=TrainConfig(policy=type(TrainConfig().policy)(model="random-tiny")))
+
+
+def test_runs_of_one_pair_started_together_evaluate_the_start_once(tmp_path, monkeypatch):
+    import threading
+
+    evaluations = []
+
+    def fake_train(cfg, config_yaml="", before=None, on_before=None):
+        if before is None:
+            threading.Event().wait(0.2)  # the pair's other run starts meanwhile
+            evaluations.append(cfg.method)
+            on_before({"accuracy": 0.5})
+        return {}
+
+    monkeypatch.setattr(cmp, "train", fake_train)
+    cfg = CompareConfig(out=str(tmp_path), methods=["grpo", "trace"], seeds=[100], train=TrainConfig(steps=4))
+    threads = [threading.Thread(target=cmp.run_one, args=(cfg, m, 100)) for m in cfg.methods]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(evaluations) == 1
+    assert json.loads((tmp_path / "before_seed100.json").read_text())["before"] == {"accuracy": 0.5}

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError, MissingFileError
+from . import warm_start
+from .warm_start import cache_dir, is_tiny
 
 SMOLLM2 = "smollm2-135m"
 MINILM = "all-minilm-l6-v2"  # the sentence encoder of the dense retriever and the small LM critic
@@ -37,10 +39,6 @@ def minilm_path() -> Path:
 
 DEFAULT_MODEL = "tiny"
 RANDOM_TINY = "random-tiny"  # the tiny model, randomly initialised: no warm start needed (smoke tests)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TRACE_RL_CACHE", Path.home() / ".cache" / "trace-rl"))
 
 
 def tiny_llama_config(
@@ -119,13 +117,11 @@ def smollm2_path() -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """'tiny' -> the warm-started default (run `trace-rl sft` first), 'smollm2-135m' -> cached SmolLM2, an
+    """'tiny' / 'tiny@N' -> the cached warm start of seed N for this code and these library versions (`warm_start`;
+    `trace-rl sft seed=N` builds it), 'smollm2-135m' -> cached SmolLM2, an
     existing directory as is, an `org/name` hub id as is (loaded from the local Hugging Face cache or the hub)."""
-    if name == DEFAULT_MODEL:
-        path = cache_dir() / "tiny-sft"
-        if not (path / "config.json").exists():
-            raise MissingFileError(f"the default model is not trained yet ({path}); run `trace-rl sft` first")
-        return str(path)
+    if is_tiny(name):
+        return str(warm_start.resolve(name))
     if name == SMOLLM2:
         return str(smollm2_path())
     if Path(name).expanduser().exists():
@@ -133,7 +129,8 @@ def resolve_model_path(name: str) -> str:
     looks_like_path = name.startswith((".", "/", "~")) or name.count("/") != 1
     if looks_like_path:
         raise MissingFileError(
-            f"model: {name!r} is not 'tiny', 'random-tiny', {SMOLLM2!r}, an existing path or a hub id (org/name)"
+            f"model: {name!r} is not 'tiny', 'tiny@N', 'random-tiny', {SMOLLM2!r}, an existing path "
+            "or a hub id (org/name)"
         )
     return name  # a hub id
 
@@ -173,9 +170,9 @@ def check_model(name: str, weights: bool = True) -> None:
     A hub id (org/name) passes when the local Hugging Face cache holds its config, or when the hub answers a
     TCP probe (then a wrong id fails at its first request, without retries). With HF_HUB_OFFLINE (or
     TRANSFORMERS_OFFLINE) set, or the hub unreachable, an uncached id is refused here rather than left to the
-    hub client's retry loop. 'tiny' passes even before `trace-rl sft` (train runs it first); 'smollm2-135m'
+    hub client's retry loop. 'tiny' and 'tiny@N' pass even before `trace-rl sft` (train runs it first); 'smollm2-135m'
     needs its package. `weights=False` (a remote server holds the weights) checks what the tokenizer needs."""
-    if name in (DEFAULT_MODEL, RANDOM_TINY):
+    if name == RANDOM_TINY or is_tiny(name):
         return
     if name == SMOLLM2:
         if not (cache_dir() / "smollm2-135m-instruct" / "config.json").exists():
@@ -191,7 +188,8 @@ def check_model(name: str, weights: bool = True) -> None:
         return
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise ValueError(
-            f"model: {name!r} is not 'tiny', 'random-tiny', {SMOLLM2!r}, an existing path or a hub id (org/name)"
+            f"model: {name!r} is not 'tiny', 'tiny@N', 'random-tiny', {SMOLLM2!r}, an existing path "
+            "or a hub id (org/name)"
         )
     try:
         from huggingface_hub import try_to_load_from_cache

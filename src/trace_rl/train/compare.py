@@ -33,11 +33,13 @@ evaluation times (not model loading) and depends on what else shared the machine
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,15 +47,20 @@ from pathlib import Path
 import numpy as np
 
 from ..advantages import ADVANTAGES
+from ..lm.warm_start import is_tiny
 from ..methods import METHODS
 from ..rollout.records import format_table, read_metrics
 from ..stack.config import check_seed
 from ..stats import cost_to_target_ci, mean_ci, paired_bootstrap_ci
+from .checkpoint import checkpoints
 from .trainer import TrainConfig, train
 
 BASELINE = "grpo"
 DEFAULT_METHODS = ("grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace")
 RUN_SETTINGS = "run_settings.json"
+# The protocol: defaults are chosen on tuning seeds (below 100; every default so far was chosen on seeds 0-9), and
+# results are reported on evaluation seeds (100 and up), on which no choice is ever made.
+FIRST_EVALUATION_SEED = 100
 # settings that do not change what a run computes (where it writes, how it reports, whether it resumes)
 NOT_SETTINGS = ("out", "resume", "progress", "logger", "save_every", "keep_last")
 
@@ -77,6 +84,7 @@ class CompareConfig:
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))  # names, or method:advantage (trace:grpo)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one run per method and seed
     train: TrainConfig = field(default_factory=TrainConfig)  # the settings every run shares (its method is replaced)
+    warm_starts: list[int] = field(default_factory=lambda: [0])  # tiny@W starts (sft seeds); a pair is (W, seed)
     workers: int = 1  # runs trained at once, each in its own process with cores // workers torch threads (at least 1)
 
     def __post_init__(self):
@@ -99,6 +107,15 @@ class CompareConfig:
             raise ValueError("out must be a directory path, got an empty string")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1 (runs trained at once), got {self.workers}")
+        if not self.warm_starts or len(set(self.warm_starts)) < len(self.warm_starts):
+            raise ValueError(f"warm_starts: each warm start once, at least one, got {self.warm_starts}")
+        for w in self.warm_starts:
+            check_seed(w, "warm_starts")
+        if self.warm_starts != [0] and self.train.policy.model not in ("tiny", "tiny@0"):
+            raise ValueError(
+                f"warm_starts: only the tiny policy has several warm starts (tiny@W); train.policy.model is "
+                f"{self.train.policy.model!r}"
+            )
 
 
 def run_settings(cfg: TrainConfig) -> dict:
@@ -142,11 +159,25 @@ def _finished(run: Path, cfg: TrainConfig) -> bool:
     return summary.exists() and json.loads(summary.read_text()).get("steps") == cfg.steps
 
 
-def _run_config(cfg: CompareConfig, spec: str, seed: int) -> TrainConfig:
+def pair_name(warm: int, seed: int) -> str:
+    """A pair's directory name: seed{S} on the first warm start (as studies before warm starts were laid out),
+    ws{W}-seed{S} on another."""
+    return f"seed{seed}" if warm == 0 else f"ws{warm}-seed{seed}"
+
+
+def parse_pair(name: str) -> tuple[int, int] | None:
+    """pair_name's inverse: (warm start, seed), or None for another name."""
+    m = re.fullmatch(r"(?:ws(\d+)-)?seed(\d+)", name)
+    return None if m is None else (int(m.group(1) or 0), int(m.group(2)))
+
+
+def _run_config(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> TrainConfig:
     name, advantage = parse_method(spec)
     run_cfg = copy.deepcopy(cfg.train)
     run_cfg.method, run_cfg.advantage, run_cfg.seed = name, advantage or cfg.train.advantage, seed
-    run_cfg.out, run_cfg.resume = str(Path(cfg.out) / run_dir_name(spec) / f"seed{seed}"), True
+    if warm:
+        run_cfg.policy.model = f"tiny@{warm}"
+    run_cfg.out, run_cfg.resume = str(Path(cfg.out) / run_dir_name(spec) / pair_name(warm, seed)), True
     return run_cfg
 
 
@@ -157,48 +188,66 @@ def start_settings(cfg: TrainConfig) -> dict:
     return {k: d[k] for k in ("seed", "eval_tasks", "eval_samples", "policy", "env", "engine")}
 
 
-def run_one(cfg: CompareConfig, spec: str, seed: int) -> Path:
-    """Train (or resume, or just find) one method's run on one seed; returns its directory. The evaluation
-    before training is computed by the seed's first run and handed to the others (`before_seed{N}.json`)."""
-    run_cfg = _run_config(cfg, spec, seed)
+def run_one(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Path:
+    """Train (or resume, or just find) one method's run on one pair; returns its directory. The evaluation
+    before training is computed once per pair, by the first run that needs it, under a lock that the pair's
+    other runs wait on, and handed to them (`before_{pair}.json`)."""
+    run_cfg = _run_config(cfg, spec, seed, warm)
     run = Path(run_cfg.out)
+    label = f"{spec}, {'warm start ' + str(warm) + ', ' if warm else ''}seed {seed}"
     if _finished(run, run_cfg):
-        print(f"== {spec}, seed {seed}: finished, read from {run}", file=sys.stderr)
+        print(f"== {label}: finished, read from {run}", file=sys.stderr)
         return run
     run.mkdir(parents=True, exist_ok=True)
     (run / RUN_SETTINGS).write_text(json.dumps(run_settings(run_cfg), indent=2))
-    print(f"== {spec}, seed {seed}", file=sys.stderr)
+    print(f"== {label}", file=sys.stderr)
     from omegaconf import OmegaConf
 
-    shared = Path(cfg.out) / f"before_seed{seed}.json"
+    from ..lm.warm_start import file_lock
+
+    shared = Path(cfg.out) / f"before_{pair_name(warm, seed)}.json"
     key = start_settings(run_cfg)
-    cached = json.loads(shared.read_text()) if shared.exists() else {}
-    before = cached.get("before") if cached.get("settings") == key else None
+    with contextlib.ExitStack() as held:
+        if not checkpoints(run):  # a resumed run never evaluates its start; one from step 0 waits for the pair's
+            held.enter_context(file_lock(shared))  # released once this run has the evaluation, or has failed
+        cached = json.loads(shared.read_text()) if shared.exists() else {}
+        before = cached.get("before") if cached.get("settings") == key else None
+        if before is not None:
+            held.close()
 
-    def share(evaluated: dict) -> None:  # as soon as it exists, so a run of the seed started meanwhile reads it
-        tmp = shared.with_name(f".{shared.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"settings": key, "before": evaluated}, indent=2))
-        tmp.replace(shared)
+        def share(evaluated: dict) -> None:  # written, then the pair's waiting runs are let go
+            tmp = shared.with_name(f".{shared.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"settings": key, "before": evaluated}, indent=2))
+            tmp.replace(shared)
+            held.close()
 
-    train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)), before=before, on_before=share)
+        train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)), before=before, on_before=share)
     return run
 
 
-def _run_in_worker(cfg: CompareConfig, spec: str, seed: int, threads: int) -> Path:
+def _run_in_worker(cfg: CompareConfig, spec: str, seed: int, warm: int, threads: int) -> Path:
     import torch
 
     torch.set_num_threads(threads)
-    return run_one(cfg, spec, seed)
+    return run_one(cfg, spec, seed, warm)
 
 
 def run_all(cfg: CompareConfig) -> None:
-    """Every (seed, method) run, seed by seed; with workers > 1, that many at once in spawned processes of
-    cores // workers torch threads each. Two runs of a seed that start together may both evaluate the start (the
-    same figures); a run that starts after the first of its seed has evaluated reads it."""
-    jobs = [(spec, seed) for seed in cfg.seeds for spec in cfg.methods]  # a study stopped part-way holds pairs
+    """Every (pair, method) run, pair by pair; with workers > 1, that many at once in spawned processes of
+    cores // workers torch threads each. The warm starts are built first, here, once each (a build holds a lock
+    too, so a second compare on the same cache waits for it rather than training it again)."""
+    if is_tiny(cfg.train.policy.model):
+        from .trainer import ensure_policy
+
+        for warm in cfg.warm_starts:
+            start_cfg = copy.deepcopy(cfg.train)
+            start_cfg.policy.model = f"tiny@{warm}"
+            ensure_policy(start_cfg)
+    # a study stopped part-way holds complete pairs
+    jobs = [(spec, seed, warm) for warm in cfg.warm_starts for seed in cfg.seeds for spec in cfg.methods]
     if cfg.workers == 1:
-        for spec, seed in jobs:
-            run_one(cfg, spec, seed)
+        for spec, seed, warm in jobs:
+            run_one(cfg, spec, seed, warm)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -206,7 +255,7 @@ def run_all(cfg: CompareConfig) -> None:
     threads = max(1, (os.cpu_count() or 1) // cfg.workers)
     context = multiprocessing.get_context("spawn")  # torch and fork do not mix
     with ProcessPoolExecutor(cfg.workers, mp_context=context) as pool:
-        for done in [pool.submit(_run_in_worker, cfg, spec, seed, threads) for spec, seed in jobs]:
+        for done in [pool.submit(_run_in_worker, cfg, spec, seed, warm, threads) for spec, seed, warm in jobs]:
             done.result()  # the first failure stops the command with its own message
 
 
@@ -216,15 +265,19 @@ def load_runs(out: Path, methods: list[str], cfg: CompareConfig | None = None) -
     runs: dict[str, list[dict]] = {}
     for spec in methods:
         found = []
-        for summary_path in (out / run_dir_name(spec)).glob("seed*/train_summary.json"):
+        for summary_path in (out / run_dir_name(spec)).glob("*seed*/train_summary.json"):
+            pair = parse_pair(summary_path.parent.name)
+            if pair is None or (cfg is not None and pair[0] not in cfg.warm_starts):
+                continue
             summary = json.loads(summary_path.read_text())
-            if cfg is not None and not _finished(summary_path.parent, _run_config(cfg, spec, summary["seed"])):
+            if cfg is not None and not _finished(summary_path.parent, _run_config(cfg, spec, pair[1], pair[0])):
                 continue  # fewer steps than asked: not finished under these settings
             recs = read_metrics(summary_path.parent / "metrics.jsonl")
             summary["records"] = next(iter(recs.values()), [])
+            summary["warm"], summary["pair"] = pair[0], pair_name(*pair)
             found.append(summary)
         if found:
-            runs[spec] = sorted(found, key=lambda s: s["seed"])
+            runs[spec] = sorted(found, key=lambda s: (s["warm"], s["seed"]))
     return runs
 
 
@@ -254,13 +307,13 @@ def check_pairing(runs: dict[str, list[dict]]) -> list[str]:
     by_seed: dict[int, list[tuple[str, dict]]] = {}
     for spec, seeds in runs.items():
         for s in seeds:
-            by_seed.setdefault(s["seed"], []).append((spec, s))
+            by_seed.setdefault(_pair(s), []).append((spec, s))
     problems = []
-    for seed, entries in sorted(by_seed.items()):
+    for pair, entries in sorted(by_seed.items()):
         for key in ("held_out_digest", "pools_digest", "accuracy_before"):
             values = {spec: s.get(key) for spec, s in entries}
             if len(set(values.values())) > 1:
-                problems.append(f"seed {seed}: {key} differs between methods ({values})")
+                problems.append(f"{pair}: {key} differs between methods ({values})")
     return problems
 
 
@@ -301,9 +354,14 @@ def _per_run_mean(seeds: list[dict], key: str) -> list[float]:
     return [float(np.mean([r[key] for r in s["records"] if key in r] or [math.nan])) for s in seeds]
 
 
+def _pair(summary: dict) -> str:
+    """The pairing unit of a run: its warm start and seed (runs of one pair share the start and the tasks)."""
+    return summary.get("pair") or pair_name(summary.get("warm", 0), summary["seed"])
+
+
 def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
     """One row per method: the figures the module docstring lists, as numbers (mean, lo, hi per interval)."""
-    base = {s["seed"]: s for s in runs.get(BASELINE, [])}
+    base = {_pair(s): s for s in runs.get(BASELINE, [])}
     rows = []
     for spec, seeds in runs.items():
         name, advantage = parse_method(spec)
@@ -316,6 +374,8 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             "allocation": name,
             "advantage": advantage or METHODS[name].advantage,
             "seeds": [s["seed"] for s in seeds],
+            "pairs": [_pair(s) for s in seeds],
+            "warm_starts": sorted({s.get("warm", 0) for s in seeds}),
             "acc_before": _ci([s["accuracy_before"] for s in seeds]),
             "acc_after": _ci([s["accuracy_after"] for s in seeds]),
             "gain": _ci([s["accuracy_after"] - s["accuracy_before"] for s in seeds]),
@@ -335,22 +395,22 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
                 )
             ),
         }
-        paired = [s for s in seeds if s["seed"] in base]
+        paired = [s for s in seeds if _pair(s) in base]
         if paired:
-            ours, theirs = [s["accuracy_after"] for s in paired], [base[s["seed"]]["accuracy_after"] for s in paired]
+            ours, theirs = [s["accuracy_after"] for s in paired], [base[_pair(s)]["accuracy_after"] for s in paired]
             m, lo, hi = paired_bootstrap_ci(ours, theirs)
             row["diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
             m, lo, hi = paired_bootstrap_ci(
-                [mean_trained_accuracy(s) for s in paired], [mean_trained_accuracy(base[s["seed"]]) for s in paired]
+                [mean_trained_accuracy(s) for s in paired], [mean_trained_accuracy(base[_pair(s)]) for s in paired]
             )
             row["mean_diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
             ours_t, theirs_t = zip(
-                *[at_equal_cost(curves(s)["tokens"], curves(base[s["seed"]])["tokens"]) for s in paired]
+                *[at_equal_cost(curves(s)["tokens"], curves(base[_pair(s)])["tokens"]) for s in paired]
             )
             m, lo, hi = paired_bootstrap_ci(list(ours_t), list(theirs_t))
             row["tokens_diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
-            base_er = float(np.mean(_per_run_mean([base[s["seed"]] for s in paired], "rollout/effective_ratio")))
-            ours_er = float(np.mean([e for e, s in zip(er, seeds) if s["seed"] in base]))
+            base_er = float(np.mean(_per_run_mean([base[_pair(s)] for s in paired], "rollout/effective_ratio")))
+            ours_er = float(np.mean([e for e, s in zip(er, seeds) if _pair(s) in base]))
             row["er_vs_grpo"] = ours_er / base_er if base_er else math.nan
             for cost in ("rollouts", "tokens"):
                 m, lo, hi, n = cost_to_target_ci([curves(s)[cost] for s in paired], theirs)
@@ -380,7 +440,7 @@ def format_compare(rows: list[dict]) -> str:
             {
                 "method": r["method"],
                 "advantage": r["advantage"],
-                "seeds": str(len(r["seeds"])),
+                "seeds": str(len(r["pairs"])),
                 "acc_before": _fmt_ci(r["acc_before"]),
                 "acc_after": _fmt_ci(r["acc_after"]),
                 "gain": _fmt_ci(r["gain"], signed=True),
@@ -406,6 +466,15 @@ def format_compare(rows: list[dict]) -> str:
         "averaged over the evaluations after the start (mean_vs_grpo: its paired difference); equal_tokens_vs_grpo: "
         "both curves read at the smaller of the two runs' token totals, paired; "
         "*_to_grpo_final: first crossing of GRPO's final accuracy on the same seed (seeds reached/seeds)"
+    )
+    seeds = sorted({seed for r in rows for seed in r["seeds"]})
+    tuning = [seed for seed in seeds if seed < FIRST_EVALUATION_SEED]
+    warm = sorted({w for r in rows for w in r.get("warm_starts", [0])})
+    note += f"\nwarm starts: {', '.join(f'tiny@{w}' for w in warm)}; " + (
+        f"TUNING seeds {tuning} (below {FIRST_EVALUATION_SEED}: defaults were chosen on them, so this is not an "
+        "evaluation result)"
+        if tuning
+        else f"evaluation seeds only ({FIRST_EVALUATION_SEED} and up: no default was chosen on them)"
     )
     for key, what in (("eval_se", "over tasks"), ("eval_se_sampling", "of the sampling on the held-out set")):
         se = [r[key] for r in rows if not math.isnan(r.get(key, math.nan))]

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..agent.react import ChatFormat
 from ..envs.calculator import CalculatorEnv, solve
+from ..errors import ConfigError
 from ..stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, check_seed
 
 
@@ -134,8 +135,8 @@ def train_sft(
 class SFTConfig:
     """`trace-rl sft`: warm-start a policy on the built-in task's scripted demonstrations and cache it."""
 
-    out: str = ""  # where to save (default: the user cache, where model=tiny finds it)
-    seed: int = 0  # one seed gives one model on any machine
+    out: str = ""  # where to save (default: the cache entry where model=tiny@SEED finds it; tiny is tiny@0)
+    seed: int = 0  # one seed gives one model on the same library versions, whatever the torch thread count
     steps: int = 1500  # optimizer steps (about 5 minutes for the tiny model on 2 cores)
     sft: SFTParams = field(default_factory=SFTParams)
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)  # model: 'tiny' trains a fresh tiny model
@@ -148,26 +149,73 @@ class SFTConfig:
             raise ValueError(f"policy.backend: sft trains and reports in this process (hf), got {self.policy.backend}")
 
 
+def _settings(cfg: SFTConfig) -> dict | None:
+    """The SFT settings that differ from the defaults (None: the defaults; the wall-clock cap changes none)."""
+    own = {"steps": cfg.steps, "sft": {k: v for k, v in asdict(cfg.sft).items() if k != "max_minutes"}}
+    ref = SFTConfig.__dataclass_fields__["steps"].default, asdict(SFTParams())
+    return None if own == {"steps": ref[0], "sft": {k: v for k, v in ref[1].items() if k != "max_minutes"}} else own
+
+
 def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
     """Train, save the model and tokenizer, report held-out success by difficulty, write the report's episodes
-    as trees (a predictor warm start). A run cut short by a wall-clock cap is saved beside the cache instead."""
+    as trees (a predictor warm start). The tiny model's warm start goes to its cache entry (`lm.warm_start`: keyed
+    by seed, code and library versions, built under a lock, renamed into place with its manifest); an entry that
+    is already built is reused, not trained again. A run cut short by a wall-clock cap is saved beside it."""
+    import shutil
+
+    from ..lm import warm_start
+    from ..lm.models import RANDOM_TINY, cache_dir
+
+    name = cfg.policy.model
+    tiny = name == RANDOM_TINY or warm_start.is_tiny(name)
+    if warm_start.is_tiny(name) and warm_start.parse_tiny(name) != cfg.seed:
+        raise ConfigError(f"policy.model: sft trains {name} from its own seed; pass seed={warm_start.parse_tiny(name)}")
+    if cfg.out:
+        return _train_and_save(cfg, Path(cfg.out), yaml_text)
+    if not tiny:
+        return _train_and_save(cfg, cache_dir() / (Path(name).name + "-sft"), yaml_text)
+    entry = warm_start.entry_dir(cfg.seed, _settings(cfg))
+    with warm_start.file_lock(entry):
+        if warm_start.read_manifest(entry):
+            print(f"warm start {entry.name} is already built (same seed, code and library versions): {entry}")
+            return entry
+        tmp = entry.with_name(f".{entry.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        made = _train_and_save(cfg, tmp, yaml_text, manifest=warm_start.basis(cfg.seed, _settings(cfg)))
+        if made != tmp:  # cut short by the wall-clock cap: kept beside the cache, never as the entry
+            partial = entry.with_name(entry.name + "-partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            made.rename(partial)
+            print(f"saved to {partial}, not as the cached warm start", file=sys.stderr)
+            return partial
+        shutil.rmtree(entry, ignore_errors=True)  # an unfinished entry (no manifest) from a killed build
+        tmp.rename(entry)
+    print(f"warm start {entry.name}: {entry}")
+    return entry
+
+
+def _train_and_save(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict | None = None) -> Path:
+    """Train and report; returns where the model went (`out`, or `out`-partial when the cap cut it short). With
+    `manifest` (the warm start's basis), writes warm_start.json: the basis, its key, the weights digest, the
+    report, the thread count and the processor, last, so an entry with a manifest is a finished one."""
     import json
+    import platform
+
+    import torch
 
     from ..envs.calculator import DEMO_MIX, make_tasks
-    from ..lm.models import DEFAULT_MODEL, RANDOM_TINY, cache_dir, create_tiny_model, load_model
+    from ..lm import warm_start
+    from ..lm.models import DEFAULT_MODEL, RANDOM_TINY, create_tiny_model, load_model
     from ..rollout.evaluate import success_by_group
     from ..seeding import derive_seed
     from ..stack.build import build_actor, build_env, build_policy
     from ..tree import save_trees
 
     name = cfg.policy.model
-    if name in (DEFAULT_MODEL, RANDOM_TINY):
+    if name in (DEFAULT_MODEL, RANDOM_TINY) or warm_start.is_tiny(name):
         model, tok = create_tiny_model(seed=cfg.seed)
-        default_out = cache_dir() / "tiny-sft"
     else:
         model, tok = load_model(name, device=cfg.policy.device)
-        default_out = cache_dir() / (Path(name).name + "-sft")
-    out = Path(cfg.out) if cfg.out else default_out
     print(f"model: {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters) -> {out}")
     tasks = make_tasks(cfg.sft.tasks, seed=derive_seed(cfg.seed, "sft-demos"), **DEMO_MIX)
     stats = train_sft(model, tok, tasks, max_steps=cfg.steps, params=cfg.sft, seed=cfg.seed)
@@ -177,9 +225,9 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
             "not reproducible from the seed",
             file=sys.stderr,
         )
-        if not cfg.out:  # never let a cut-short run become the cached default
+        if manifest is not None or not cfg.out:  # never let a cut-short run become a cached warm start
             out = out.with_name(out.name + "-partial")
-            print(f"saving to {out} instead of the cached default", file=sys.stderr)
+            manifest = None
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -189,7 +237,7 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
         f"trained {stats['steps']} steps, {stats['tokens']:,} tokens in {stats['seconds']:.0f}s "
         f"({stats['tokens'] / max(stats['seconds'], 1e-9):,.0f} tok/s), final loss {stats['loss']:.3f}"
     )
-    spec = build_env(LMEnvConfig())  # the report is on the RL mix that `trace-rl train` starts from
+    spec = build_env(LMEnvConfig())  # the report is on the calculator's default mix (1-4 steps, 1-2 digits)
     params = cfg.policy.sampling(spec.max_new_tokens)
     actor = build_actor(build_policy(cfg.policy, model=model, tokenizer=tok), spec, params, EngineConfig())
     report, trees = success_by_group(
@@ -204,4 +252,16 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
         f"wrote {out}/sft_report.json and the report's episodes as trees, sft_eval_trees.jsonl "
         "(predictor.warmup of trace-rl rollout)"
     )
+    if manifest is not None:
+        record = {
+            "key": warm_start.key_of(manifest),
+            **manifest,
+            "weights_digest": warm_start.weights_digest(out),
+            "report": report,
+            "train": stats,
+            "threads": torch.get_num_threads(),
+            "processor": {"machine": platform.machine(), "torch_cpu": torch.backends.cpu.get_cpu_capability()},
+        }
+        (out / warm_start.MANIFEST).write_text(json.dumps(record, indent=2))
+        print(f"weights digest {record['weights_digest']}, key {record['key']}")
     return out

@@ -104,19 +104,37 @@ class TrainConfig(LMRunConfig):
             )
 
 
-def ensure_policy(cfg: TrainConfig) -> None:
-    """The default policy 'tiny' is the warm-started tiny model: train it with `trace-rl sft` once (cached)."""
-    from ..lm.models import DEFAULT_MODEL, cache_dir
+def ensure_policy(cfg: TrainConfig) -> dict:
+    """The default policy 'tiny' (or 'tiny@N') is a cached warm start: built here by `trace-rl sft seed=N` when
+    this code and these library versions have none yet (under a lock, so concurrent runs build it once).
+    Returns what the run records of its start (`warm_start.describe`; the model name alone for other models)."""
+    from ..lm import warm_start
 
-    if cfg.policy.model != DEFAULT_MODEL or (cache_dir() / "tiny-sft" / "config.json").exists():
-        return
-    from .sft import SFTConfig, run_sft
+    seed = warm_start.parse_tiny(cfg.policy.model)
+    if seed is None:
+        return {"path": cfg.policy.model}
+    if not warm_start.read_manifest(warm_start.entry_dir(seed)):
+        from .sft import SFTConfig, run_sft
 
-    print(
-        "the default policy is not warm-started yet: running trace-rl sft first (cached for later runs)",
-        file=sys.stderr,
-    )
-    run_sft(SFTConfig())
+        print(
+            f"the warm start {cfg.policy.model} is not built for this code and these library versions: running "
+            f"trace-rl sft seed={seed} first (cached for later runs)",
+            file=sys.stderr,
+        )
+        run_sft(SFTConfig(seed=seed))
+    return warm_start.describe(warm_start.entry_dir(seed))
+
+
+def start_comment(start: dict) -> str:
+    """YAML comment lines naming the warm start, appended to a run's config.yaml (comments: the file still loads
+    as --config)."""
+    lines = [f"# warm start: {start.get('path')}"]
+    if start.get("key"):
+        lines.append(
+            f"#   key {start['key']}, weights digest {start['weights_digest']}, "
+            f"SFT report success {start['sft_success']:.3f}, versions {json.dumps(start['versions'], sort_keys=True)}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def task_digest(tasks: list[dict], previous: str = "") -> str:
@@ -232,7 +250,13 @@ def train(
         return _finished_summary(cfg, out, ckpt.state)
     spec = build_env(cfg.env)  # a corpus or sandbox problem stops the run before the warm start
     warmup = [] if ckpt else cfg.predictor.warmup_trees()  # a resumed run's predictor is in its checkpoint
-    ensure_policy(cfg)
+    start_model = ensure_policy(cfg)
+    if start_model.get("key"):
+        print(
+            f"warm start {cfg.policy.model}: weights {start_model['weights_digest']}, "
+            f"SFT report success {start_model['sft_success']:.3f} ({start_model['path']})",
+            file=sys.stderr,
+        )
     torch.manual_seed(cfg.seed)
     model, tok = load_model(cfg.policy.model, device=cfg.policy.device)
     model.train()
@@ -251,7 +275,7 @@ def train(
         ref_model.eval().requires_grad_(False)
     out.mkdir(parents=True, exist_ok=True)
     if config_yaml:
-        (out / "config.yaml").write_text(config_yaml)
+        (out / "config.yaml").write_text(config_yaml + start_comment(start_model))
     if start and (out / "metrics.jsonl").exists():  # records of steps after the checkpoint are redone
         keep = [
             line
@@ -350,6 +374,7 @@ def train(
         "accuracy_se": record.get("eval/accuracy_se"),
         "accuracy_se_sampling": record.get("eval/accuracy_se_sampling"),
         "rollouts": state["rollouts"],
+        "warm_start": start_model,
         "held_out_digest": state["held_out_digest"],
         "pools_digest": state.get("pools_digest", ""),
         "peak_rss_gib": _peak_rss_gib(),

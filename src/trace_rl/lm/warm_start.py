@@ -1,0 +1,183 @@
+"""The cached warm starts of the tiny CPU policy: `tiny` (= `tiny@0`) and `tiny@N`, the model `trace-rl sft seed=N`
+trains with its default settings.
+
+A warm start is a function of its seed, the code that builds it and the library versions that run it. The cache
+is keyed by all three, so a warm start made by other code or other versions is never reused in silence: it sits
+under another key and the current one is built (by `train`, which builds what it needs) or asked for in one line
+(by the commands that only read a model). What makes the key:
+
+- the seed;
+- a digest of the modules that decide the warm start (SFT itself, the calculator task and its demonstrations, the
+  tiny model and its tokenizer, the chat format, the seed streams), taken over their syntax trees without
+  docstrings, so an edit to a comment or a docstring does not rebuild it while any change to code or a default does;
+- the versions of python, torch, transformers, tokenizers, safetensors and numpy.
+
+Not in the key, because it does not change the model: the torch thread count (measured: 1 and 2 threads give the
+same weights, bit for bit) and the processor. The manifest (`warm_start.json`) records both, with a digest of the
+weights and the SFT report's figures, so a run can name the start it trained from. A processor with other vector
+instructions may sum in another order and give other weights from the same key; the weights digest shows it.
+
+Two processes never build one warm start at once: the builder holds a lock file beside the entry, builds into a
+temporary folder and renames it into place; a second process waits on the lock and then reads the finished entry.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+from ..errors import ConfigError
+
+TINY = "tiny"
+MANIFEST = "warm_start.json"
+# the modules, relative to the package root, whose code decides what `trace-rl sft` trains
+SOURCES = (
+    "train/sft.py",
+    "envs/calculator.py",
+    "envs/base.py",
+    "lm/models.py",
+    "lm/tokenizer.py",
+    "agent/react.py",
+    "seeding.py",
+)
+LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
+_NAME = re.compile(r"^tiny(?:@(\d+))?$")
+
+
+def parse_tiny(name: str) -> int | None:
+    """'tiny' -> 0, 'tiny@3' -> 3 (the warm start's SFT seed); None for any other model name."""
+    m = _NAME.match(name)
+    return None if m is None else int(m.group(1) or 0)
+
+
+def is_tiny(name: str) -> bool:
+    return parse_tiny(name) is not None
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def code_digest(root: Path | None = None) -> str:
+    """sha256 (16 hex digits) of the SOURCES' syntax trees without docstrings: code and defaults, not comments."""
+    root = root or Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in SOURCES:
+        h.update(rel.encode())
+        h.update(ast.dump(_strip_docstrings(ast.parse((root / rel).read_text()))).encode())
+    return h.hexdigest()[:16]
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries a warm start depends on (read from the metadata, nothing imported)."""
+    out = {"python": platform.python_version()}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            out[lib] = "absent"
+    return out
+
+
+def basis(seed: int, settings: dict | None = None) -> dict:
+    """What a warm start is a function of. `settings`: non-default SFT settings (None: the defaults, which the
+    code digest covers)."""
+    return {"seed": seed, "settings": settings or "defaults", "code": code_digest(), "versions": library_versions()}
+
+
+def key_of(b: dict) -> str:
+    return hashlib.sha256(json.dumps(b, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cache_dir() -> Path:
+    """The user cache of models and warm starts: TRACE_RL_CACHE, default ~/.cache/trace-rl."""
+    return Path(os.environ.get("TRACE_RL_CACHE", Path.home() / ".cache" / "trace-rl"))
+
+
+def cache_root() -> Path:
+    return cache_dir() / "tiny-sft"
+
+
+def entry_dir(seed: int, settings: dict | None = None) -> Path:
+    """The cache entry of the warm start of `seed` (and non-default `settings`) for this code and these versions."""
+    b = basis(seed, settings)
+    prefix = f"seed{seed}" if settings is None else f"custom-seed{seed}"
+    return cache_root() / f"{prefix}-{key_of(b)}"
+
+
+def read_manifest(path: Path) -> dict | None:
+    """The manifest of a finished entry, else None (an entry without one was never finished)."""
+    f = Path(path) / MANIFEST
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def weights_digest(path: Path) -> str:
+    """sha256 (16 hex digits) of the saved weights: the file's bytes, which safetensors writes deterministically."""
+    h = hashlib.sha256()
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (a `.lock` file beside it, flock: released by the kernel if the holder dies):
+    one holder at a time, the others wait."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def resolve(name: str) -> Path:
+    """The finished cache entry of `tiny` / `tiny@N`, or one line saying it is not built (and why, when the cache
+    holds the seed's warm start for other code or versions)."""
+    seed = parse_tiny(name)
+    if seed is None:
+        raise ConfigError(f"model: {name!r} is not tiny or tiny@N")
+    entry = entry_dir(seed)
+    if read_manifest(entry):
+        return entry
+    others = sorted(p.name for p in cache_root().glob(f"seed{seed}-*") if read_manifest(p))
+    why = f"; the cache holds {', '.join(others)}, made by other code or library versions, not reused" if others else ""
+    raise ConfigError(
+        f"model: the warm start {name} for this code and these library versions is not built ({entry}){why}; "
+        f"run `trace-rl sft seed={seed}` (train builds it itself)"
+    )
+
+
+def describe(path: Path) -> dict:
+    """What a run records of its start: the entry, its key, the weights digest and the SFT report's figure."""
+    m = read_manifest(path) or {}
+    return {
+        "path": str(path),
+        "key": m.get("key"),
+        "weights_digest": m.get("weights_digest"),
+        "sft_success": (m.get("report") or {}).get("overall"),
+        "versions": m.get("versions"),
+    }
