@@ -1,10 +1,11 @@
 """How a KV cache is handed to a transformers model, on every transformers 5 the project accepts.
 
-transformers 5.24 renamed the forward keyword `past_key_values` to `cache` (keeping `past_key_values` as a deprecated
-alias that warns on every call). Up to 5.23 forward takes only `past_key_values`, and it swallows unknown keywords in
-`**kwargs`: a `cache=` there is dropped without a word, the model attends to nothing but the tokens it is fed, and
-every cached continuation is wrong. So the keyword is read from the model's own forward signature, and the first
-cached forward of each caller is checked to have grown the cache, so that a future rename fails loudly too.
+transformers 5.24 renamed the forward keyword `past_key_values` to `cache` (keeping `past_key_values` as an alias that
+raises a FutureWarning and is to be removed in 5.40). Up to 5.23 forward takes only `past_key_values`, and it
+swallows unknown keywords in `**kwargs`: a `cache=` there is dropped without a word, the model attends to nothing but
+the tokens it is fed, and every cached continuation is wrong. So the keyword is read from the model's own forward
+signature, and the first cached forward of each caller is checked to have grown the cache, so that a future rename
+fails loudly too.
 """
 
 from __future__ import annotations
