@@ -17,7 +17,13 @@ Checks (exit 1 on any failure):
    and 99th percentile < 0.1 (that measures vLLM's bf16 rounding against an fp32 reference);
 3. weight sync: reloading the HF weights leaves greedy output unchanged and re-prefills the prompt (the prefix
    cache was reset); a zeroed final norm makes every log-prob -log(vocab) (the weights reached the served
-   model); restoring it restores the output.
+   model); restoring it restores the output;
+4. the same step on the HF backend (unless --no-hf-step) agrees with vLLM's: the log-probs the HF backend
+   sampled with its KV caches match its own uncached float32 forward (max < 0.01), its generated tokens per
+   rollout are within 1.5x of vLLM's either way, and its mean reward is within 0.25 of vLLM's. The two samplers
+   draw different tokens, so the last two are statistical bounds, wide enough for two samples of one policy and
+   narrow enough for a backend whose continuations lost their context (it rambles to the length limit and
+   scores 0: 5.8x vLLM's tokens was seen).
 Reports, for the dated notes in docs/engines.md: tokens/s of the vLLM step and of the same step (same tasks,
 plan and seeds) on the HF backend, over each step's generate phase (the two samplers draw different tokens, so
 the counts differ a little); the prefix-cache hit rate (prompt tokens vLLM served from cache, from
@@ -75,6 +81,66 @@ def model_dir(name: str) -> str:
     if not (Path(name).expanduser() / "config.json").is_file():
         raise FileNotFoundError(f"--model must be a local model directory with a config.json (no hub access): {name}")
     return str(Path(name).expanduser())
+
+
+# the HF step against the vLLM step (check 4); see the docstring for why these widths
+HF_LOGPROB_GAP = 0.01
+TOKEN_RATIO = 1.5
+REWARD_GAP = 0.25
+
+
+def step_figures(res) -> dict:
+    """What check 4 compares of one step: rollouts, generated tokens, and the rewards of its finished rollouts."""
+    rewards = [r for tree in res.trees for r in tree.rewards()]
+    return {
+        "rollouts": res.rollouts,
+        "tokens": res.generated_tokens,
+        "mean_reward": sum(rewards) / len(rewards) if rewards else float("nan"),
+    }
+
+
+def compare_steps(
+    vllm: dict, hf: dict, token_ratio: float = TOKEN_RATIO, reward_gap: float = REWARD_GAP
+) -> list[tuple[bool, str]]:
+    """Check 4's statistical part: (passed, what) for tokens per rollout and mean reward of the two steps."""
+    if not (vllm["rollouts"] and hf["rollouts"]):
+        return [(False, f"both steps produced rollouts (vLLM {vllm['rollouts']}, HF {hf['rollouts']})")]
+    per_v, per_h = vllm["tokens"] / vllm["rollouts"], hf["tokens"] / hf["rollouts"]
+    ratio = per_h / per_v if per_v else math.inf
+    gap = abs(hf["mean_reward"] - vllm["mean_reward"])  # nan (no finished rollout on a side) fails below
+    return [
+        (
+            1 / token_ratio <= ratio <= token_ratio,
+            f"HF tokens per rollout within {token_ratio}x of vLLM's: {per_h:.1f} vs {per_v:.1f} ({ratio:.2f}x)",
+        ),
+        (
+            gap <= reward_gap,
+            f"HF mean reward within {reward_gap} of vLLM's: {hf['mean_reward']:.3f} vs {vllm['mean_reward']:.3f}",
+        ),
+    ]
+
+
+def logprob_gaps(ref, rows, temperature: float, device: str):
+    """|returned - float32 HF forward| of every sampled token of rows [(prompt ids, Generation)], as an array."""
+    import numpy as np
+    import torch
+
+    diffs = []
+    with torch.no_grad():
+        for prompt, g in rows:
+            ids = torch.tensor([prompt + g.token_ids], device=device)
+            logits = ref(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+            diffs.extend((lp.cpu().numpy() - np.asarray(g.logprobs)).tolist())
+    return np.abs(np.asarray(diffs))
+
+
+def sample_rows(recorded: list, count: int, seed: int = 0) -> list:
+    """Up to count of the recorded (prompt, Generation) pairs that generated something, in a seeded order."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(recorded))[:count]
+    return [recorded[i] for i in order if recorded[i][1].token_ids]
 
 
 def trace_step(backend, make_env, params, tasks, prompts: int, batching: str):
@@ -175,25 +241,38 @@ def main() -> int:
         )
         check(backend.stats["cached_prompt_tokens"] > 0, "vLLM served some prompt tokens from its prefix cache")
         if not args.no_hf_step:
-            hf = trace_step(HFBackend(ref, tok), make_env, params, tasks, args.prompts, "round")
+            hf_backend, hf_recorded = HFBackend(ref, tok), []
+            hf_generate = hf_backend.generate
+
+            def hf_recording(prompts, params, seed=None, seeds=None):
+                gens = hf_generate(prompts, params, seed, seeds)
+                hf_recorded.extend((list(p), g) for p, g in zip(prompts, gens))
+                return gens
+
+            hf_backend.generate = hf_recording
+            hf = trace_step(hf_backend, make_env, params, tasks, args.prompts, "round")
             hf_s = hf.time["generate"]
             figures["hf_tokens_per_s"] = hf.generated_tokens / max(hf_s, 1e-9)
             print(
                 f"HF tokens/s on the same step: {figures['hf_tokens_per_s']:,.0f} ({hf.generated_tokens:,} tokens, "
                 f"{hf_s:.1f}s); vLLM/HF {figures['vllm_tokens_per_s'] / max(figures['hf_tokens_per_s'], 1e-9):.2f}x"
             )
+            # 4. the HF step agrees with the vLLM step
+            hf_gap = logprob_gaps(ref, sample_rows(hf_recorded, args.compare_rows), params.temperature, args.device)
+            figures["hf_logprob_gap_max"] = float(hf_gap.max()) if hf_gap.size else math.nan
+            check(
+                hf_gap.size > 0 and float(hf_gap.max()) < HF_LOGPROB_GAP,
+                f"HF backend's cached log-probs match its uncached float32 forward within {HF_LOGPROB_GAP} "
+                f"(max {figures['hf_logprob_gap_max']:.2e} over {hf_gap.size:,} tokens)",
+            )
+            v_fig, h_fig = step_figures(res), step_figures(hf)
+            figures.update(vllm_mean_reward=v_fig["mean_reward"], hf_mean_reward=h_fig["mean_reward"])
+            for ok, what in compare_steps(v_fig, h_fig):
+                check(ok, what)
 
         # 2. log-probs against a float32 HF forward on the same tokens
-        rng = np.random.default_rng(0)
-        rows = [recorded[i] for i in rng.permutation(len(recorded))[: args.compare_rows] if recorded[i][1].token_ids]
-        diffs = []
-        with torch.no_grad():
-            for prompt, g in rows:
-                ids = torch.tensor([prompt + g.token_ids], device=args.device)
-                logits = ref(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / params.temperature
-                lp = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
-                diffs.extend((lp.cpu().numpy() - np.asarray(g.logprobs)).tolist())
-        d = np.abs(np.asarray(diffs))
+        rows = sample_rows(recorded, args.compare_rows)
+        d = logprob_gaps(ref, rows, params.temperature, args.device)
         mean, p99, worst = float(d.mean()), float(np.percentile(d, 99)), float(d.max())
         figures.update(logprob_gap_mean=mean, logprob_gap_max=worst)
         print(

@@ -3,8 +3,8 @@
 #   VENV        where to build it (default .venv-verl)
 #   TORCH_SPEC  torch requirement (default torch==2.13.0, the CPU build; on a GPU cluster install verl's own
 #               stack instead: pip install "verl[vllm]==0.9.1", which pins torch 2.11 and vLLM 0.24)
-# Why a second environment: verl 0.9.1 requires transformers>=5.5.3,<5.11 (not 5.6.0), and trace-rl's HF backend
-# needs a newer one (its KV-cache tests fail on 5.10.4; docs/integrations.md has the measurement). verl itself
+# Why a second environment: verl 0.9.1 requires transformers>=5.5.3,<5.11 (not 5.6.0) and, through hydra-core,
+# omegaconf<2.4, which trace-rl's command line cannot use (docs/integrations.md has the measurements). verl itself
 # declares no torch; TransferQueue and the small servers below are what its V1 trainer imports beyond its
 # install_requires (verl's own "verl-core" extra lists them with GPU-only packages we skip).
 set -euo pipefail

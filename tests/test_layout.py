@@ -41,7 +41,7 @@ HOLDS = {
     "advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
     "errors": "the user-error types the command line shows as one line (standard library only)",
     "plots": "PNG plots of metrics (matplotlib)",
-    "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM)",
+    "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the KV-cache keyword",
     "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",
     "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, diagnostics",
     "envs": "env protocol and ReAct action format; calculator, math + sandbox, QA + retrieval server, BFCL; "

@@ -180,3 +180,13 @@ def test_a_row_samples_the_same_tokens_in_any_batch(backend):
     backend.invalidate()
     batched = backend.generate([b, a, b], params, seeds=[7, 42, 9])[1]
     assert alone.token_ids == batched.token_ids
+
+
+def test_a_dropped_cache_keyword_fails_loudly_instead_of_sampling_without_context():
+    # what transformers before 5.24 did with `cache=`: swallowed it, so every step saw only its own token
+    model, tok = create_tiny_model(hidden=32, layers=2, heads=2)
+    backend = HFBackend(model, tok)
+    assert backend._cache_kw in ("cache", "past_key_values")
+    backend._cache_kw = "a_keyword_the_model_swallows"
+    with pytest.raises(RuntimeError, match="LlamaForCausalLM ignored the KV cache"):
+        backend.generate([tok("a prompt", add_special_tokens=False).input_ids], SamplingParams(max_new_tokens=3))

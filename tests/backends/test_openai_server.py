@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from trace_rl.backends.base import SamplingParams
-from trace_rl.backends.openai_server import OpenAIServerBackend, ServerError, ServerUnsupported
+from trace_rl.backends.openai_server import MalformedReply, OpenAIServerBackend, ServerError, ServerUnsupported
+from trace_rl.errors import UserError
 
 EOS = 3
 
@@ -35,6 +36,7 @@ def sample(prompt, seed, n):
 class Stub:
     def __init__(self, mode="ids"):
         self.mode, self.bodies, self.failures, self.hits = mode, [], [], 0
+        self.reply = None  # a fixed answer to every completion request (bytes: sent as they are)
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -55,6 +57,8 @@ class Stub:
                     )
                 if self.path == "/reset_prefix_cache":
                     return self._send(200, {})
+                if stub.reply is not None:
+                    return self._send(200, stub.reply)
                 if stub.mode == "hf-serve":  # as `transformers serve` answered on this machine
                     extra = {"return_token_ids", "return_tokens_as_token_ids", "include_stop_str_in_output"} & set(body)
                     if extra:
@@ -82,7 +86,7 @@ class Stub:
                 self._send(200, {"id": "cmpl-1", "object": "text_completion", "choices": [choice], "usage": usage})
 
             def _send(self, status, obj):
-                raw = json.dumps(obj).encode()
+                raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
@@ -289,3 +293,82 @@ def test_the_command_line_refuses_a_server_without_token_ids_before_any_work(stu
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rejects vLLM's token-id request fields" in err[0], err
     assert stub.hits == 1 and not list(out.glob("**/*.jsonl"))  # probed once; nothing was rolled out
+
+
+def good_reply(**choice):
+    base = {"text": "AB", "finish_reason": "length", "token_ids": [15, 16]}
+    base["logprobs"] = {"tokens": ["A", "B"], "token_logprobs": [-0.1, -0.2]}
+    return {"choices": [{**base, **choice}]}
+
+
+MALFORMED = [
+    (b"<html>gateway</html>", "not JSON: <html>gateway</html>"),
+    ([1, 2], "the reply is [1, 2] (list), not a JSON object"),
+    ({"choices": 42}, "`choices` is 42 (int), not a non-empty list"),
+    ({"id": "cmpl-1"}, "`choices` is null (NoneType), not a non-empty list"),
+    ({"choices": []}, "`choices` is [] (list), not a non-empty list"),
+    ({"choices": ["AB"]}, '`choices[0]` is "AB" (str), not an object'),
+    (good_reply(text=7), "`choices[0].text` is 7 (int), not a string"),
+    (good_reply(logprobs=[-0.1, -0.2]), "`choices[0].logprobs` is [-0.1, -0.2] (list), not an object"),
+    (good_reply(logprobs={"token_logprobs": "-0.1"}), '`choices[0].logprobs.token_logprobs` is "-0.1" (str)'),
+    (good_reply(logprobs={"token_logprobs": [-0.1, "x"]}), 'token_logprobs` is [-0.1, "x"] (list), not a list of'),
+    (good_reply(logprobs={"token_logprobs": [-0.1], "tokens": "A"}), '`choices[0].logprobs.tokens` is "A" (str)'),
+    (good_reply(token_ids="15 16"), '`choices[0].token_ids` is "15 16" (str), not a list of token ids'),
+    (good_reply(token_ids=[15, -1]), "`choices[0].token_ids` is [15, -1] (list), not a list of token ids"),
+    (good_reply(token_ids=[15, 1.5]), "`choices[0].token_ids` is [15, 1.5] (list)"),
+    ({**good_reply(), "usage": 3}, "`usage` is 3 (int), not an object"),
+    ({**good_reply(), "usage": {"prompt_tokens_details": {"cached_tokens": "4"}}}, 'cached_tokens` is "4" (str)'),
+]
+
+
+@pytest.mark.parametrize("reply, what", MALFORMED)
+def test_a_malformed_reply_is_one_line_naming_the_server_and_the_field(stub, reply, what):
+    stub.reply = reply
+    be = make(stub.url)
+    with pytest.raises(ServerUnsupported) as probed:  # at start-up
+        be.probe()
+    with pytest.raises(MalformedReply) as err:  # and in a run, should the server change its answers
+        be.generate(PROMPTS[:1], PARAMS, seeds=[10])
+    for msg in (str(probed.value), str(err.value)):
+        assert "\n" not in msg and stub.url in msg and what in msg, msg
+    assert isinstance(err.value, UserError) and isinstance(err.value, ServerError)  # the CLI shows one line
+    be.close()
+
+
+@pytest.mark.parametrize(
+    "choice, what",
+    [
+        ({"finish_reason": "abort"}, "finish_reason='abort'"),
+        ({"logprobs": None}, "no log-probs"),
+        ({"token_ids": None, "logprobs": {"tokens": ["A", "B"], "token_logprobs": [-0.1, -0.2]}}, "no sampled token"),
+        ({"token_ids": [15]}, "2 log-probs for 1 tokens"),
+    ],
+)
+def test_a_completion_the_backend_cannot_use_names_the_server_at_run_time(stub, choice, what):
+    stub.reply = good_reply(**choice)
+    be = make(stub.url)
+    with pytest.raises(MalformedReply, match=what) as err:
+        be.generate(PROMPTS[:1], PARAMS, seeds=[10])
+    assert str(err.value).startswith(f"server {stub.url}/v1/completions: ") and "\n" not in str(err.value)
+    be.close()
+
+
+def test_the_text_only_refusal_names_no_setting_a_command_cannot_take(stub):
+    stub.mode = "text"
+    be = make(stub.url)
+    with pytest.raises(ServerUnsupported) as err:
+        be.probe()
+    assert "retokenize=True to" not in str(err.value)  # was "pass retokenize=True": no command accepts it
+    assert "use such a server" in str(err.value) and "OpenAIServerBackend(retokenize=True)" in str(err.value)
+    be.close()
+
+
+def test_the_command_line_refuses_a_malformed_reply_in_one_line(stub, tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    from trace_rl.cli import main
+
+    stub.reply = {"choices": 42}
+    args = ["policy.backend=server", f"policy.server_url={stub.url}", "policy.model=random-tiny", f"out={tmp_path}"]
+    assert main(["rollout", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "malformed completion reply: `choices` is 42 (int)" in err[0] and stub.url in err[0], err

@@ -57,6 +57,24 @@ def test_shared_prefix_scores_equal_scoring_each_prefix_alone():
     assert critic.stats["tokens_encoded"] < 0.6 * critic.stats["tokens_naive"]  # the prompt is not recomputed
 
 
+def test_shared_prefix_scores_equal_encoding_each_path_whole_without_a_cache():
+    # scoring "alone" above shares the cache path too; a dropped cache (transformers < 5.24 ignores `cache=`)
+    # shows only against a plain forward over each prefix's whole text
+    from trace_rl.predictors.lm_critic import _segments
+
+    critic = causal_critic()
+    tree = grown_tree(0)
+    prefixes = [(tree, n) for n in tree.nodes]
+    shared = critic.predict(prefixes)
+    with torch.no_grad():
+        whole = []
+        for _, n in prefixes:
+            ids, _ = critic._ids(_segments(tree, n))
+            h, _ = critic._hidden([ids])
+            whole.append(float(critic._score_hidden(h)[0, len(ids) - 1]))
+    assert np.allclose(shared, whole, atol=1e-5)
+
+
 def test_left_truncation_keeps_the_end_of_the_history():
     critic = causal_critic(max_length=24)
     tree = grown_tree(0, "x" * 200)

@@ -13,7 +13,9 @@ generation is nearly free, as with the tiny CPU model), and memory up to `row_ca
 automatic prefix caching does the same with paged memory.
 
 Relies on transformers' `DynamicCache` (crop, batch_repeat_interleave) and on causal LMs accepting a 2-D
-attention mask with zeros in the middle plus explicit `position_ids` (true of Llama, Qwen, Mistral).
+attention mask with zeros in the middle plus explicit `position_ids` (true of Llama, Qwen, Mistral). The cache is
+passed under the keyword the model's forward reads (`cache` from transformers 5.24, `past_key_values` before:
+`lm/kv.py`), and the first cached forward is checked to have used it.
 Log-probs are those of the sampled tokens under the temperature-scaled distribution before top-p.
 
 Sampling is per row: row i draws its uniforms from its own seed (numpy, one draw per generated position) and
@@ -29,6 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..lm.kv import cache_keyword, check_cache_grew
 from .base import Generation, SamplingParams, VersionedBackend, row_seeds
 
 
@@ -41,6 +44,7 @@ class HFBackend(VersionedBackend):
         self.device = next(model.parameters()).device
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = {tokenizer.eos_token_id}
+        self._cache_kw, self._cache_checked = cache_keyword(model), False
         # (weight version, token ids) -> (kv, last logits); a version bump makes every entry unreachable
         self._prefix_cache: OrderedDict[tuple[int, tuple[int, ...]], tuple[object, object]] = OrderedDict()
         self.prefix_cache_size = prefix_cache_size
@@ -83,7 +87,7 @@ class HFBackend(VersionedBackend):
             ids = torch.tensor([todo], device=self.device)
             pos = torch.arange(len(best), len(shared), device=self.device)[None]
             with torch.no_grad():
-                logits = self.model(input_ids=ids, cache=cache, position_ids=pos, use_cache=True).logits[:, -1, :]
+                logits = self._forward(ids, cache, position_ids=pos)
         if shared and (version, tuple(shared)) not in self._prefix_cache:
             self._prefix_cache[version, tuple(shared)] = (copy.deepcopy(cache), logits)
             while len(self._prefix_cache) > self.prefix_cache_size:
@@ -91,6 +95,15 @@ class HFBackend(VersionedBackend):
         self.stats["prefill_tokens"] += len(todo)
         self.stats["reused_prefix_tokens"] += len(best)
         return cache, len(todo), logits
+
+    def _forward(self, ids, cache, **kwargs):
+        """Last-position logits of every row of ids, fed on top of `cache` (which grows in place)."""
+        before = cache.get_seq_length()
+        out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: cache}, **kwargs)
+        if not self._cache_checked:  # a dropped cache is deterministic: once per backend shows it
+            check_cache_grew(self.model, cache, before, ids.shape[1])
+            self._cache_checked = True
+        return out.logits[:, -1, :]
 
     def __getstate__(self) -> dict:  # shipped to Ray workers: the weights travel, the caches do not
         state = dict(self.__dict__)
@@ -251,9 +264,7 @@ class HFBackend(VersionedBackend):
                     break
                 tok = tok.masked_fill(torch.tensor(done, device=self.device), self.pad_id)
                 mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1)
-                logits = self.model(
-                    input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=cache, use_cache=True
-                ).logits[:, -1, :]
+                logits = self._forward(tok[:, None], cache, attention_mask=mask, position_ids=next_pos)
                 next_pos = next_pos + 1
         self.stats["generated_tokens"] += sum(len(o) for o in out_ids)
         # a row's last token is fed to the model unless it ended the row ("stop"): those are its cache columns
@@ -305,9 +316,7 @@ class HFBackend(VersionedBackend):
         mask = torch.cat([mask, smask.to(self.device)], dim=1)
         computed += sum(len(x) for x in suffixes)
         with torch.no_grad():
-            logits = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True
-            ).logits[:, -1, :]
+            logits = self._forward(ids, cache, attention_mask=mask, position_ids=pos)
         return cache, computed, logits, mask, pos[:, -1:] + 1
 
     def _assemble(self, sources: list[list], starts: list[int]):

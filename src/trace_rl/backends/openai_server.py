@@ -11,10 +11,13 @@ Servers without that protocol are refused at start-up: `probe()` sends one token
 `ServerUnsupported` with one line naming what the server lacks (found on this machine: `transformers serve`
 answers HTTP 422 to vLLM's extra fields and, without them, HTTP 400 "prompt must be a string" to a token-id
 prompt, and ignores `logprobs`). A server that takes token-id prompts and returns log-probs but not the
-sampled ids (SGLang and others) is refused too, unless `retokenize=True` is chosen explicitly: the ids are then
-re-tokenised from the returned text, which is lossy (text does not always re-tokenise to the sampled ids); a
-count that disagrees with the log-probs is an error, except a row that stopped on EOS (its token is added
-back), and the per-token pairing of ids and log-probs is unverifiable (`stats["retokenized"]` counts rows).
+sampled ids (SGLang and others) is refused too, unless a Python caller passes `retokenize=True` (no command-line
+setting does: it is lossy): the ids are then re-tokenised from the returned text, which does not always give
+back the sampled ids; a count that disagrees with the log-probs is an error, except a row that stopped on EOS
+(its token is added back), and the per-token pairing of ids and log-probs is unverifiable
+(`stats["retokenized"]` counts rows). A reply that is not a completion (a wrong type, a missing key) is refused
+in one line naming the server and the field (`MalformedReply`, a `UserError`: the command line shows it as
+that line).
 
 Connection errors, timeouts, 429 and 5xx are retried with exponential backoff (bounded: `max_retries`);
 any other 4xx fails at once with one line naming the status and the server's message. Standard library only
@@ -38,6 +41,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from ..errors import UserError
 from .base import Generation, SamplingParams, VersionedBackend, row_seeds
 
 RETRY_STATUS = frozenset({429}) | frozenset(range(500, 600))
@@ -49,6 +53,30 @@ class ServerError(RuntimeError):
     def __init__(self, message: str, status: int):
         super().__init__(message)
         self.status = status
+
+
+class MalformedReply(ServerError, UserError):
+    """The server answered, but not with a completion reply: `what` names the field and what was wrong."""
+
+    def __init__(self, url: str, what: str):
+        super().__init__(f"server {url}: malformed completion reply: {what}", 200)
+        self.what = what
+
+
+# what a server that returns text alone can do (the probe's and a row's refusal say it)
+NO_IDS = (
+    "returns no sampled token ids (vLLM returns them, asked with return_token_ids); use such a server (from Python, "
+    "OpenAIServerBackend(retokenize=True) re-tokenises the text instead, which is lossy)"
+)
+
+
+def _show(value) -> str:
+    """A value as the error names it: its JSON, cut short, and its type."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return f"{_one_line(text, 60)} ({type(value).__name__})"
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -135,8 +163,8 @@ class OpenAIServerBackend(VersionedBackend):
             try:
                 return json.loads(raw)
             except ValueError:
-                text = _one_line(raw.decode("utf-8", "replace"))
-                raise ServerError(f"POST {url}: the server's answer is not JSON: {text}", 200) from None
+                text = _one_line(raw.decode("utf-8", "replace"), 120) or "(empty body)"
+                raise MalformedReply(url, f"not JSON: {text}") from None
         tries = f"{self.max_retries + 1} attempt{'s' * bool(self.max_retries)}"
         if status is None:
             raise ConnectionError(f"{last} (gave up after {tries})")
@@ -159,46 +187,92 @@ class OpenAIServerBackend(VersionedBackend):
             body.update(return_token_ids=True, return_tokens_as_token_ids=True, include_stop_str_in_output=True)
         return body
 
-    def to_generation(self, reply: dict, prompt_len: int) -> Generation:
-        choice = (reply.get("choices") or [None])[0]
+    def _parse(self, reply) -> dict:
+        """The one choice of a completion reply, every field this backend reads type-checked: text, finish_reason,
+        token_logprobs (None where absent), tokens, token_ids (None where absent), cached prompt tokens. Raises
+        `MalformedReply` naming the first field that is wrong."""
+        url = self.base_url + "/v1/completions"
+
+        def bad(what: str):
+            raise MalformedReply(url, what)
+
+        def is_int(x) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        def is_number(x) -> bool:
+            return is_int(x) or isinstance(x, float)
+
+        if not isinstance(reply, dict):
+            bad(f"the reply is {_show(reply)}, not a JSON object")
+        choices = reply.get("choices")
+        if not isinstance(choices, list) or not choices:
+            bad(f"`choices` is {_show(choices)}, not a non-empty list")
+        choice = choices[0]
         if not isinstance(choice, dict):
-            raise ServerError(f"completion reply without choices: {_one_line(json.dumps(reply))}", 200)
-        text, reason = choice.get("text") or "", choice.get("finish_reason")
+            bad(f"`choices[0]` is {_show(choice)}, not an object")
+        text = choice.get("text")
+        if text is not None and not isinstance(text, str):
+            bad(f"`choices[0].text` is {_show(text)}, not a string")
+        lp = choice.get("logprobs")
+        if lp is not None and not isinstance(lp, dict):
+            bad(f"`choices[0].logprobs` is {_show(lp)}, not an object")
+        lps = (lp or {}).get("token_logprobs")
+        if lps is not None and not (isinstance(lps, list) and all(x is None or is_number(x) for x in lps)):
+            bad(f"`choices[0].logprobs.token_logprobs` is {_show(lps)}, not a list of numbers")
+        tokens = (lp or {}).get("tokens")
+        if tokens is not None and not isinstance(tokens, list):
+            bad(f"`choices[0].logprobs.tokens` is {_show(tokens)}, not a list")
+        ids = choice.get("token_ids")
+        if ids is not None and not (isinstance(ids, list) and all(is_int(t) and t >= 0 for t in ids)):
+            bad(f"`choices[0].token_ids` is {_show(ids)}, not a list of token ids")
+        usage = reply.get("usage")
+        if usage is not None and not isinstance(usage, dict):
+            bad(f"`usage` is {_show(usage)}, not an object")
+        details = (usage or {}).get("prompt_tokens_details")
+        if details is not None and not isinstance(details, dict):
+            bad(f"`usage.prompt_tokens_details` is {_show(details)}, not an object")
+        cached = (details or {}).get("cached_tokens")
+        if cached is not None and not (is_int(cached) and cached >= 0):
+            bad(f"`usage.prompt_tokens_details.cached_tokens` is {_show(cached)}, not a count")
+        if ids is None and tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+            try:  # vLLM's return_tokens_as_token_ids
+                ids = [int(t.split(":", 1)[1]) for t in tokens]
+            except ValueError:
+                bad(f"`choices[0].logprobs.tokens` has a malformed 'token_id:N' entry: {_show(tokens)}")
+        return {
+            "text": text or "",
+            "reason": choice.get("finish_reason"),
+            "logprobs": lps,
+            "ids": ids,
+            "cached": cached or 0,
+        }
+
+    def to_generation(self, reply: dict, prompt_len: int) -> Generation:
+        c = self._parse(reply)
+        url = self.base_url + "/v1/completions"
+        text, reason, lps, ids = c["text"], c["reason"], c["logprobs"], c["ids"]
         if reason not in ("stop", "length"):
-            raise ServerError(f"completion ended with finish_reason={reason!r}", 200)
-        lp = choice.get("logprobs") or {}
-        lps = lp.get("token_logprobs")
+            raise MalformedReply(url, f"the completion ended with finish_reason={reason!r}, not 'stop' or 'length'")
         if not lps or any(x is None for x in lps):
-            raise ServerError("the server returned no log-probs for the sampled tokens (send `logprobs: 1`)", 200)
-        tokens = lp.get("tokens") or []
-        if choice.get("token_ids") is not None:
-            ids = [int(t) for t in choice["token_ids"]]
-        elif tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-            ids = [int(t.split(":", 1)[1]) for t in tokens]
-        elif not self.retokenize:
-            raise ServerError(
-                "the server returned no sampled token ids (vLLM: return_token_ids); re-tokenising its text is "
-                "lossy and only done with retokenize=True",
-                200,
-            )
-        else:
+            raise MalformedReply(url, "the server returned no log-probs for the sampled tokens (send `logprobs: 1`)")
+        if ids is None and not self.retokenize:
+            raise MalformedReply(url, f"the server {NO_IDS}")
+        if ids is None:
             ids = list(self.tokenizer(text, add_special_tokens=False).input_ids)
             self.stats["retokenized"] += 1
             eos = getattr(self.tokenizer, "eos_token_id", None)
             if reason == "stop" and eos is not None and len(lps) == len(ids) + 1:
                 ids.append(eos)  # stopped on EOS: the token the text leaves out
         if len(ids) != len(lps):
-            raise ServerError(
+            raise MalformedReply(
+                url,
                 f"{len(lps)} log-probs for {len(ids)} tokens; have the server return token ids "
                 "(vLLM: return_token_ids / return_tokens_as_token_ids)",
-                200,
             )
-        usage = reply.get("usage") or {}
-        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         self.stats["prompt_tokens"] += prompt_len
-        self.stats["cached_prompt_tokens"] += cached
+        self.stats["cached_prompt_tokens"] += c["cached"]
         # without cached_tokens (vLLM: --enable-prompt-tokens-details) this is an upper bound: the whole prompt
-        return Generation(ids, [float(x) for x in lps], reason, text, prefix_tokens_computed=prompt_len - cached)
+        return Generation(ids, [float(x) for x in lps], reason, text, prefix_tokens_computed=prompt_len - c["cached"])
 
     def _row(self, prompt: list[int], params: SamplingParams, seed: int) -> Generation:
         reply = self.post("/v1/completions", self.request_body(prompt, params, seed))
@@ -214,6 +288,8 @@ class OpenAIServerBackend(VersionedBackend):
             reply = self.post("/v1/completions", self.request_body(prompt, SamplingParams(max_new_tokens=2), 0))
         except ConnectionError as err:
             raise ServerUnsupported(f"{where} cannot be reached: {err}") from None
+        except MalformedReply as err:  # a 200 whose body is not JSON
+            raise ServerUnsupported(f"{where} answers with a malformed completion reply: {err.what}") from None
         except ServerError as err:
             lacks = {
                 422: "rejects vLLM's token-id request fields (return_token_ids, return_tokens_as_token_ids)",
@@ -221,19 +297,14 @@ class OpenAIServerBackend(VersionedBackend):
                 404: "has no /v1/completions for this model",
             }.get(err.status, "failed a token-id completion request")
             raise ServerUnsupported(f"{where} {lacks}; trace-rl needs token ids in and out ({err})") from None
-        choice = (reply.get("choices") or [None])[0] if isinstance(reply, dict) else None
-        lp = (choice or {}).get("logprobs") or {}
-        if not lp.get("token_logprobs"):
+        try:
+            c = self._parse(reply)
+        except MalformedReply as err:
+            raise ServerUnsupported(f"{where} answers with a malformed completion reply: {err.what}") from None
+        if not c["logprobs"]:
             raise ServerUnsupported(f"{where} returns no log-probs for sampled tokens (asked with logprobs: 1)")
-        tokens = lp.get("tokens") or []
-        has_ids = choice.get("token_ids") is not None or (
-            bool(tokens) and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens)
-        )
-        if not has_ids and not self.retokenize:
-            raise ServerUnsupported(
-                f"{where} returns no sampled token ids (vLLM: return_token_ids); pass retokenize=True to accept "
-                "ids re-tokenised from its text (lossy)"
-            )
+        if c["ids"] is None and not self.retokenize:
+            raise ServerUnsupported(f"{where} {NO_IDS}")
 
     # -- protocol -----------------------------------------------------------------------------------
     def _futures(self, prompts, params, seed, seeds):

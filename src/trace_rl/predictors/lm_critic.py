@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..lm.kv import cache_keyword, check_cache_grew
 from ..lm.models import MINILM, SMOLLM2, minilm_path, smollm2_path
 from ..tree import RolloutTree
 from .base import Prefix
@@ -115,12 +116,15 @@ class LMCritic:
         kwargs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
         if past is not None:
             kwargs.update(
-                cache=past,
+                {cache_keyword(self.model): past, "use_cache": True},
                 position_ids=(past_len + torch.arange(width))[None].expand(len(batch_ids), -1).to(self.device),
             )
         ctx = torch.enable_grad() if grad else torch.no_grad()
         with ctx:
-            return self.model(**kwargs).last_hidden_state, mask
+            h = self.model(**kwargs).last_hidden_state
+        if past is not None:
+            check_cache_grew(self.model, past, past_len, width)
+        return h, mask
 
     def _score_hidden(self, h):
         return self.torch.sigmoid(self.head(h.float())[..., 0])
