@@ -194,7 +194,9 @@ def _train(cfg, yaml_text: str) -> None:
         f"held-out accuracy: {before} before, {after} after {s['steps']} steps "
         f"({s['rollouts']:,} rollouts); peak resident memory {s['peak_rss_gib']:.2f} GiB"
     )
-    records = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines() if line]
+    from .rollout.records import read_metrics
+
+    records = next(iter(read_metrics(Path(cfg.out) / "metrics.jsonl").values()), [])
     er = np.mean([r["rollout/effective_ratio"] for r in records]) if records else float("nan")
     print(f"effective ratio (mean over steps): {er:.3f}")
     try:
