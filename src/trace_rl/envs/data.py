@@ -85,6 +85,8 @@ def _json_lines(path: Path, text: str) -> list:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            except RecursionError:
+                raise ConfigError(f"{path}:{lineno}: nested too deeply to be a row") from None
     return rows
 
 
@@ -99,11 +101,20 @@ def read_rows(path: str | Path) -> list[dict]:
         raise MissingFileError(f"no such data file: {path}")
     if path.suffix == ".parquet":
         return _read_parquet(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: not UTF-8 text at byte {err.start} (rows are JSON lines, JSON or .parquet)"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it ({err.strerror or err})") from None
     if path.suffix != ".json":
         return _json_lines(path, text)
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be rows") from None
     except json.JSONDecodeError as err:
         if err.msg != "Extra data":  # a broken document, not several documents
             raise ConfigError(f"{path}: not valid JSON ({err})") from None
@@ -125,7 +136,10 @@ def _read_parquet(path: Path) -> list[dict]:
     except ImportError:
         pq = None
     if pq is not None:
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
+            raise ConfigError(f"{path}: not a readable parquet file ({str(err).strip()[:120]})") from None
     try:
         import pandas as pd
     except ImportError:
