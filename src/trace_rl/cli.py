@@ -103,13 +103,21 @@ class ServeRetrieverConfig:
                 check_model(self.encoder)
             except ValueError as err:
                 raise ValueError(f"encoder: {str(err).removeprefix('model: ')}") from None
-        from .envs.retrieval_server import _is_loopback
-
-        if not self.allow_remote and not _is_loopback(self.host):  # checked again by serve(); here before any work
+        if not self.allow_remote and not _loopback(self.host):  # serve() checks it again; here before any work
             raise ValueError(
                 f"host: {self.host!r} is not a loopback address; the server has no authentication, so serving "
                 "beyond this machine needs allow_remote=true"
             )
+
+
+def _loopback(host: str) -> bool:
+    """The rule of `retrieval_server.serve` (localhost or a loopback IP), applied before the index is built."""
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
