@@ -74,7 +74,22 @@ def data_root() -> Path:
         for cand in (parent / "shared" / "data", parent.parent / "shared" / "data"):
             if cand.is_dir():
                 return cand
-    raise MissingFileError("no shared/data found; set TRACE_RL_DATA to the folder that holds math/ and qa/")
+    raise MissingFileError(
+        "no shared/data found; fetch it with `trace-rl fetch-data`, or set TRACE_RL_DATA to the folder that holds "
+        "math/ and qa/"
+    )
+
+
+def default_data_dir() -> Path:
+    """Where `trace-rl fetch-data` writes by default: TRACE_RL_DATA, else shared/data beside the checkout (the
+    first place `data_root` looks)."""
+    env = os.environ.get("TRACE_RL_DATA")
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[3]
+    if not (checkout / "pyproject.toml").is_file():
+        raise ConfigError("out: give the folder to write the data to (and set TRACE_RL_DATA to it)")
+    return checkout.parent / "shared" / "data"
 
 
 def _json_lines(path: Path, text: str) -> list:
