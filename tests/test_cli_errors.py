@@ -109,6 +109,9 @@ CASES = [
     (["compare", "train.out={tmp}/x"], "train.out"),
     (["compare", "train.seed=4"], "train.seed"),
     (["compare", "--config", "{tmp}/compare.yaml"], "train.out"),
+    (["fetch-data", "out={tmp}/data", "sets=chess"], "sets"),
+    (["fetch-data", "out={tmp}/data", "mirror=ftp://example.org"], "mirror"),
+    (["fetch-data", "out={tmp}/data", "mirror=file://{tmp}/no-mirror"], "mirror"),
 ]
 
 
