@@ -160,6 +160,11 @@ def test_train_resumes_past_a_damaged_checkpoint_and_a_finished_run_exits_0(tmp_
     assert "global_step_2/model.safetensors" in err and "resumed from" in err and "global_step_1" in err
     assert "metrics.jsonl: dropped 2 line(s) that are not records (first: line 3)" in err
     assert verify_checkpoint(run / "global_step_2")
+    # resuming with another learning rate: refused in one line that names it, nothing trained or moved
+    assert main(["train", *SMALL, "steps=3", "update.lr=0.5", f"out={run}", "resume=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another run (settings differ in update.lr)" in err, err
+    assert [s for s, _ in checkpoints(run)] == [1, 2]
     # strict JSON (jq reads it): the NaN standard error of one sample per task is null
     recs = [json.loads(line, parse_constant=pytest.fail) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [0, 1] and recs[1]["eval/accuracy_se_sampling"] is None

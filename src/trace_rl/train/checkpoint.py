@@ -309,18 +309,21 @@ def resume_point(out: str | Path, warn: Callable[[str], None] | None = None, run
     warn = warn or (lambda line: None)
     skipped: list[tuple[Path, str]] = []
     foreign: list[str] = []
+    lines: list[str] = []  # said once the outcome is known: a refusal of every checkpoint is its one line
     for step, path in reversed(entries(out)):
         try:
             ckpt = read_checkpoint(path, step, run)
         except ForeignCheckpoint as err:
-            warn(f"skipping a checkpoint of another run: {err}")
+            lines.append(f"skipping a checkpoint of another run: {err}")
             skipped.append((path, "foreign"))
             foreign.append(str(err))
             continue
         except CheckpointError as err:
-            warn(f"skipping a damaged checkpoint: {err}")
+            lines.append(f"skipping a damaged checkpoint: {err}")
             skipped.append((path, "damaged"))
             continue
+        for line in lines:
+            warn(line)
         if not ckpt.verified:
             warn(f"{path} has no {MANIFEST} (written before checkpoints were verified): loaded unchecked")
         elif ckpt.note:
@@ -328,11 +331,13 @@ def resume_point(out: str | Path, warn: Callable[[str], None] | None = None, run
         for bad, why in skipped:  # kept for a look, but out of the way: a later save must not prune or hit them
             os.replace(bad, _free_name(bad.with_name(f"{bad.name}.{why}")))
         return ckpt
-    if foreign:
+    if foreign:  # the settings, not the checkpoints, are likely what is wrong: this line alone
         raise UserError(
             f"resume: no checkpoint in {out} is this run's ({foreign[0]}); resume with the settings it was run "
             "with, or choose another out"
         )
+    for line in lines:
+        warn(line)
     raise UserError(
         f"out: no usable checkpoint in {out} ({', '.join(p.name for p, _ in skipped)} damaged or foreign); move "
         "them away to start over, or choose another out"
