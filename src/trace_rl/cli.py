@@ -110,25 +110,6 @@ class ServeRetrieverConfig:
             )
 
 
-@dataclass
-class FetchDataConfig:
-    """`trace-rl fetch-data`: download the math and QA data sets from their upstream repositories (pinned commits,
-    SHA-256 checked)."""
-
-    out: str = ""  # the data folder (default: $TRACE_RL_DATA, else shared/data beside the checkout)
-    sets: list[str] = field(default_factory=lambda: ["math", "qa"])  # which data sets: math, qa
-    mirror: str = "https://raw.githubusercontent.com"  # files are read from MIRROR/owner/repo/commit/path
-
-    def __post_init__(self):
-        from .envs.data_fetch import SETS
-
-        unknown = [s for s in self.sets if s not in SETS]
-        if unknown or not self.sets:
-            raise ValueError(f"sets: unknown {unknown or 'none given'}; choose from {', '.join(SETS)}")
-        if not self.mirror.startswith(("https://", "http://", "file://")):
-            raise ValueError(f"mirror: an https://, http:// or file:// URL, got {self.mirror!r}")
-
-
 def _loopback(host: str) -> bool:
     """The rule of `retrieval_server.serve` (localhost or a loopback IP), applied before the index is built."""
     import ipaddress
@@ -367,18 +348,9 @@ def _serve_retriever(cfg, yaml_text: str) -> None:
 
 
 def _fetch_data(cfg, yaml_text: str) -> None:
-    from .envs.data import data_root, default_data_dir
-    from .envs.data_fetch import fetch
+    from .envs.data_fetch import run_fetch
 
-    out = Path(cfg.out) if cfg.out else default_data_dir()
-    written = fetch(out, cfg.mirror, cfg.sets)
-    print(f"{out}: {len(written)} file(s) fetched, the rest already there and verified")
-    try:
-        found = data_root().resolve() == out.resolve()
-    except UserError:
-        found = False
-    if not found:
-        print(f"the environments read {out} when TRACE_RL_DATA={out} is set", file=sys.stderr)
+    run_fetch(cfg)
 
 
 def _propositions(cfg, yaml_text: str) -> None:
@@ -433,7 +405,7 @@ def _config_classes() -> dict[str, tuple[str, object, str | None, str]]:
             "a Search-R1-compatible /retrieve server",
         ),
         "fetch-data": (
-            "trace_rl.cli:FetchDataConfig",
+            "trace_rl.envs.data_fetch:FetchDataConfig",
             _fetch_data,
             None,
             "download the math and QA data sets (pinned, SHA-256 checked)",

@@ -17,10 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
@@ -185,4 +186,37 @@ def fetch(
             raise ConfigError(f"out: cannot write {target} ({err.strerror or err})") from None
         log(f"{f.dest}: {len(data):,} bytes from {f.source[0]}@{f.source[1][:7]}")
         written.append(target)
+    return written
+
+
+@dataclass
+class FetchDataConfig:
+    """`trace-rl fetch-data`: download the math and QA data sets from their upstream repositories (pinned commits,
+    SHA-256 checked)."""
+
+    out: str = ""  # the data folder (default: $TRACE_RL_DATA, else shared/data beside the checkout)
+    sets: list[str] = field(default_factory=lambda: ["math", "qa"])  # which data sets: math, qa
+    mirror: str = UPSTREAM  # files are read from MIRROR/owner/repo/commit/path
+
+    def __post_init__(self):
+        unknown = [s for s in self.sets if s not in SETS]
+        if unknown or not self.sets:
+            raise ValueError(f"sets: unknown {unknown or 'none given'}; choose from {', '.join(SETS)}")
+        if not self.mirror.startswith(("https://", "http://", "file://")):
+            raise ValueError(f"mirror: an https://, http:// or file:// URL, got {self.mirror!r}")
+
+
+def run_fetch(cfg: FetchDataConfig) -> list[Path]:
+    """The command: fetch into `out` (or the default folder) and say where the environments will find it."""
+    from .data import data_root, default_data_dir
+
+    out = Path(cfg.out) if cfg.out else default_data_dir()
+    written = fetch(out, cfg.mirror, cfg.sets)
+    print(f"{out}: {len(written)} file(s) fetched, the rest already there and verified")
+    try:
+        found = data_root().resolve() == out.resolve()
+    except UserError:
+        found = False
+    if not found:
+        print(f"the environments read {out} when TRACE_RL_DATA={out} is set", file=sys.stderr)
     return written
