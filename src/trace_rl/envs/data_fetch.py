@@ -191,8 +191,7 @@ def fetch(
 
 @dataclass
 class FetchDataConfig:
-    """`trace-rl fetch-data`: download the math and QA data sets from their upstream repositories (pinned commits,
-    SHA-256 checked)."""
+    """`trace-rl fetch-data`: download the math and QA data sets, pinned to upstream commits and SHA-256 checked."""
 
     out: str = ""  # the data folder (default: $TRACE_RL_DATA, else shared/data beside the checkout)
     sets: list[str] = field(default_factory=lambda: ["math", "qa"])  # which data sets: math, qa
