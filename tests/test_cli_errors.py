@@ -34,6 +34,9 @@ def files(tmp_path):
         paths[name] = tmp_path / f"{name}.yaml"
         (paths[name].write_bytes if isinstance(text, bytes) else paths[name].write_text)(text)
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)  # deeper than json's recursive parser goes
+    (tmp_path / "binary.dat").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "compare.yaml").write_text("train:\n  out: elsewhere\n")
     (tmp_path / "text.jsonl").write_text("hello\n")
     dict_corpus = tmp_path / "dict_corpus.json"
     dict_corpus.write_text(json.dumps([{"contents": 3}]))
@@ -86,11 +89,37 @@ CASES = [
     (["propositions", "tasks=0"], "tasks"),
     (["sft", "steps=0"], "steps"),
     (["nonsense"], "nonsense"),
+    # each of these once ended in a traceback, ran for ever, or named no setting or the wrong one
+    (["propositions", "seed=-1"], "seed"),
+    (["simulate", "seeds=1,-2"], "seeds"),
+    (["simulate", "env.seed=-1"], "env.seed"),
+    (["train", "seed=99999999999999999999999"], "seed"),
+    (["propositions", "episodes=1000000000000"], "episodes"),  # once: allocate 7.28 TiB
+    (["propositions", "tasks=1000000000"], "tasks"),  # once: ran for ever
+    (["view", "trees={tmp}/deep.json"], "trees"),
+    (["serve-retriever", "corpus={corpus}", "host=8.8.8.8"], "host"),
+    (["serve-retriever", "corpus={corpus}", "host=nonexistent.invalid"], "host"),
+    (["serve-retriever", "corpus={corpus}", "dense=true", "encoder=nosuchorg/nosuchencoder"], "encoder"),
+    (["eval", "data={tmp}/binary.dat"], "data"),
+    (["simulate", "env.hint_noise=-1"], "env.hint_noise"),
+    (["simulate", "env.difficulty_mix=1,2"], "env.difficulty_mix"),
+    (["sft", "sft.max_minutes=-1"], "sft.max_minutes"),
+    (["propositions", "seed=\udcff"], "seed"),  # the byte 0xff as Python hands it over (PEP 383)
+    (["propositions", "se\udcffed=1"], "se\\xffed"),
+    (["compare", "train.out={tmp}/x"], "train.out"),
+    (["compare", "train.seed=4"], "train.seed"),
+    (["compare", "--config", "{tmp}/compare.yaml"], "train.out"),
+    (["fetch-data", "out={tmp}/data", "sets=chess"], "sets"),
+    (["fetch-data", "out={tmp}/data", "mirror=ftp://example.org"], "mirror"),
+    (["fetch-data", "out={tmp}/data", "mirror=file://{tmp}/no-mirror"], "mirror"),
 ]
 
 
-@pytest.mark.parametrize("argv, key", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
-def test_bad_input_is_one_line_naming_the_setting(files, capsys, argv, key):
+@pytest.mark.parametrize(
+    "argv, key", CASES, ids=[" ".join(c[0]).encode("utf-8", "backslashreplace").decode()[:60] for c in CASES]
+)
+def test_bad_input_is_one_line_naming_the_setting(files, capsys, monkeypatch, argv, key):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # an uncached hub id is refused at once, whatever the network
     if argv[0] == "serve-retriever" and any(a.startswith(("host=", "port=busy")) for a in argv):
         pytest.importorskip("bm25s")  # the address is checked after the index is built (the envs extra)
     if argv[0] in ("train", "compare"):
@@ -145,3 +174,12 @@ def test_a_missing_optional_package_is_one_line_but_a_missing_module_of_trace_rl
     monkeypatch.setattr(cli, "_propositions", boom(ModuleNotFoundError("gone", name="trace_rl.gone")))
     with pytest.raises(ModuleNotFoundError):
         main(["propositions"])
+
+
+def test_compare_help_lists_no_key_it_sets_per_run(capsys):
+    pytest.importorskip("torch")
+    assert main(["compare", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "train.steps=" in out and "train.advantage=" in out
+    for key in ("train.out=", "train.seed=", "train.method=", "train.resume="):
+        assert key not in out, key

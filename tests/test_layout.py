@@ -19,6 +19,7 @@ CORE = {"tree", "paths", "allocation", "advantages", "metrics", "methods", "knap
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
     "errors": 0,
+    "safe_read": 0,
     "plots": 1,
     "lm": 1,
     "backends": 2,
@@ -40,8 +41,10 @@ HOLDS = {
     "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's allocator, methods, "
     "advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
     "errors": "the user-error types the command line shows as one line (standard library only)",
+    "safe_read": "reading files a damaged disk may have replaced: regular files only, bounded, strict JSON "
+    "(standard library only)",
     "plots": "PNG plots of metrics (matplotlib)",
-    "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the KV-cache keyword",
+    "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the warm-start cache; the KV-cache keyword",
     "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",
     "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, diagnostics",
     "envs": "env protocol and ReAct action format; calculator, math + sandbox, QA + retrieval server, BFCL; "

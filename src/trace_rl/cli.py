@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import help_text, load_config, write_config
+from .config import check_count, help_text, load_config, write_config
 from .errors import ConfigError, UserError
 from .stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, check_seed
 
@@ -96,6 +96,28 @@ class ServeRetrieverConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.dense and self.encoder.startswith((".", "/", "~")) and not Path(self.encoder).expanduser().is_dir():
             raise ValueError(f"encoder: no directory {self.encoder} (give a local encoder or 'all-minilm-l6-v2')")
+        if self.dense and self.encoder != "all-minilm-l6-v2":
+            from .lm.models import check_model
+
+            try:  # in seconds, before the corpus is read: an unknown hub id offline is not left to the hub's retries
+                check_model(self.encoder)
+            except ValueError as err:
+                raise ValueError(f"encoder: {str(err).removeprefix('model: ')}") from None
+        if not self.allow_remote and not _loopback(self.host):  # serve() checks it again; here before any work
+            raise ValueError(
+                f"host: {self.host!r} is not a loopback address; the server has no authentication, so serving "
+                "beyond this machine needs allow_remote=true"
+            )
+
+
+def _loopback(host: str) -> bool:
+    """The rule of `retrieval_server.serve` (localhost or a loopback IP), applied before the index is built."""
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -107,8 +129,9 @@ class PropositionsConfig:
     seed: int = 0  # one seed reproduces the Monte Carlo figures
 
     def __post_init__(self):
-        if self.tasks < 1 or self.episodes < 1:
-            raise ValueError("tasks and episodes must be >= 1")
+        # about 2 ms a task and 0.2 ms an episode on one core: the bounds are minutes, not days
+        check_count("tasks", self.tasks, 100_000, why="about 3 minutes")
+        check_count("episodes", self.episodes, 1_000_000, why="about 4 minutes")
 
 
 # -- commands -----------------------------------------------------------------------------------------------
@@ -194,7 +217,9 @@ def _train(cfg, yaml_text: str) -> None:
         f"held-out accuracy: {before} before, {after} after {s['steps']} steps "
         f"({s['rollouts']:,} rollouts); peak resident memory {s['peak_rss_gib']:.2f} GiB"
     )
-    records = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines() if line]
+    from .rollout.records import read_metrics
+
+    records = next(iter(read_metrics(Path(cfg.out) / "metrics.jsonl").values()), [])
     er = np.mean([r["rollout/effective_ratio"] for r in records]) if records else float("nan")
     print(f"effective ratio (mean over steps): {er:.3f}")
     try:
@@ -255,7 +280,11 @@ def _eval(cfg, yaml_text: str) -> None:
     if cfg.data:
         from .envs.data import load_tasks
 
-        spec.benchmarks = {Path(cfg.data).stem: lambda n: load_tasks(cfg.data, n)}
+        try:  # read before the model loads: a file that holds no rows stops the command before any work
+            rows = load_tasks(cfg.data, cfg.limit or None)
+        except UserError as err:
+            raise ConfigError(f"data: {err}") from None
+        spec.benchmarks = {Path(cfg.data).stem: lambda n: rows}
     benches = list(cfg.bench) or list(spec.benchmarks)
     unknown = [b for b in benches if b not in spec.benchmarks]
     if unknown:
@@ -318,6 +347,12 @@ def _serve_retriever(cfg, yaml_text: str) -> None:
         server.shutdown()
 
 
+def _fetch_data(cfg, yaml_text: str) -> None:
+    from .envs.data_fetch import run_fetch
+
+    run_fetch(cfg)
+
+
 def _propositions(cfg, yaml_text: str) -> None:
     from .testbed.propositions import check_propositions, report_lines, verdicts
 
@@ -368,6 +403,12 @@ def _config_classes() -> dict[str, tuple[str, object, str | None, str]]:
             _serve_retriever,
             None,
             "a Search-R1-compatible /retrieve server",
+        ),
+        "fetch-data": (
+            "trace_rl.envs.data_fetch:FetchDataConfig",
+            _fetch_data,
+            None,
+            "download the math and QA data sets (pinned, SHA-256 checked)",
         ),
         "propositions": (
             "trace_rl.cli:PropositionsConfig",

@@ -8,6 +8,11 @@ alone means true. An unknown key or a bad value stops the command before any wor
 the key (`ConfigError`); the dataclasses' own checks (`__post_init__`) name the key they reject, and this
 module adds the group it sits in. `help_text` lists every key with its default and its doc, read from the
 comment beside the field.
+
+Some checks are the loader's, for every command at once: each setting named `seed` or `seeds` is a seed
+(`seeding.check_seed`) before any config is built; an argument that is not valid UTF-8 is refused naming its
+key; a key a command sets itself for each of its runs (`SET_PER_RUN` on the config class, e.g. compare's
+`train.out`) is refused, not silently overridden, and is left out of --help.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .seeding import check_seed
 
 # old flag spellings whose last name is not the new key's
 FLAG_ALIASES = {
@@ -29,6 +35,19 @@ FLAG_ALIASES = {
     "minutes": "sft.max_minutes",
     "max_steps": "steps",
 }
+
+
+def check_count(key: str, value: int, most: int, low: int = 1, why: str = "") -> None:
+    """A count setting within low..most: the bound keeps a typo (1000000000000) from allocating terabytes or
+    running for days; `why` says what the upper bound stands for."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= most:
+        extra = f" ({why})" if why else ""
+        raise ConfigError(f"{key} must be an integer in {low}..{most:_}{extra}, got {value!r}".replace("_", ","))
+
+
+def _set_per_run(cls) -> dict[str, str]:
+    """Dotted key -> why: keys the command sets itself for each run, so that a value given would be ignored."""
+    return dict(getattr(cls, "SET_PER_RUN", {}))
 
 
 def _fields(cls) -> list[dataclasses.Field]:
@@ -71,9 +90,13 @@ def help_text(cls, command: str) -> str:
     """Every key with its default and doc, grouped as in the dataclass."""
     lines = [f"usage: trace-rl {command} [--config FILE.yaml] [key=value ...]", "", (cls.__doc__ or "").strip(), ""]
 
+    hidden = _set_per_run(cls)
+
     def walk(c, prefix: str, group=None) -> None:
         docs = _docs(c)
         for f in _fields(c):
+            if f"{prefix}{f.name}" in hidden:
+                continue
             # the field's own default, not an instance: a command whose defaults need a value (a run
             # directory to read) cannot be built empty, but its help must still list every key; inside a
             # group, the value the command's default gives it (train's budget is not rollout's)
@@ -98,6 +121,18 @@ def _overrides(cls, argv: list[str]) -> tuple[str | None, list[str]]:
     by_last: dict[str, list[str]] = {}
     for key in leaves:
         by_last.setdefault(key.rsplit(".", 1)[-1], []).append(key)
+    for arg in argv:  # an undecodable byte arrives as a surrogate (PEP 383), which nothing downstream can print
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            key, eq, _ = arg.partition("=")
+            shown = key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"{shown}: a setting name that is not valid UTF-8; see --help") from None
+            where = f"{key}: the value is" if eq else f"the argument {shown} is"
+            raise ConfigError(f"{where} not valid UTF-8; give text in UTF-8") from None
     config_file, out, i = None, [], 0
     while i < len(argv):
         arg = argv[i]
@@ -136,6 +171,8 @@ def _overrides(cls, argv: list[str]) -> tuple[str | None, list[str]]:
         key, _, value = item.partition("=")
         if key not in leaves and f"{key}.name" in leaves:  # `env=math` names the env group's choice
             key = f"{key}.name"
+        if key in _set_per_run(cls):
+            raise ConfigError(f"{key}: not a setting here; {_set_per_run(cls)[key]}")
         if key not in leaves:
             raise ConfigError(f"{key}: unknown setting; settings are {', '.join(sorted(leaves))}")
         if _is_list(leaves[key]) and not value.strip().startswith("["):
@@ -194,18 +231,51 @@ def load_config(cls, argv: list[str]):
     try:
         cfg = OmegaConf.structured(cls)
         if config_file:
-            cfg = OmegaConf.merge(cfg, _read_yaml(config_file))
+            loaded = _read_yaml(config_file)
+            for key in _set_per_run(cls):
+                if OmegaConf.select(loaded, key, default=None) is not None:
+                    raise ConfigError(f"{key}: not a setting here; {_set_per_run(cls)[key]} (in {config_file})")
+            cfg = OmegaConf.merge(cfg, loaded)
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
+        _check_seeds(OmegaConf.to_container(cfg))
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None) or "config"
-        msg = str(getattr(err, "msg", err)).strip().splitlines()[0]
+        key = getattr(err, "full_key", None) or _failing_key(cls, dotlist) or "config"
+        msg = str(getattr(err, "msg", None) or err).strip().splitlines()[0]
         raise ConfigError(f"{key}: {msg}") from None
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:
         raise ConfigError(_qualify(str(err), cls)) from None
     return obj, OmegaConf.to_yaml(_in_order(OmegaConf.structured(obj), cls))
+
+
+def _check_seeds(node, prefix: str = "") -> None:
+    """Every setting named seed or seeds, in any group, through the one seed check (ConfigError naming it)."""
+    for key, value in node.items() if isinstance(node, dict) else ():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            _check_seeds(value, f"{name}.")
+        elif key in ("seed", "seeds"):
+            for seed in value if isinstance(value, list) else [value]:
+                try:
+                    check_seed(seed, name)
+                except ValueError as err:
+                    raise ConfigError(str(err)) from None
+
+
+def _failing_key(cls, dotlist: list[str]) -> str | None:
+    """The first override that fails on its own (OmegaConf names no key for some errors, e.g. a tuple of the
+    wrong length)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for item in dotlist:
+        try:
+            OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException:
+            return item.partition("=")[0]
+    return None
 
 
 def _in_order(node, cls) -> dict:

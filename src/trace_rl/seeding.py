@@ -12,6 +12,14 @@ import zlib
 
 import numpy as np
 
+MAX_SEED = 2**32 - 1  # what every consumer of a run's seed takes: numpy's legacy seeding, torch, vLLM
+
+
+def check_seed(seed: int, key: str = "seed") -> None:
+    """A run's seed: an integer in 0..MAX_SEED (the one check every command's seed settings go through)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{key} must be an integer in 0..{MAX_SEED}, got {seed!r}")
+
 
 def _key(part: int | str) -> int:
     if isinstance(part, str):

@@ -185,6 +185,8 @@ def load_trees(path: str | Path) -> list[RolloutTree]:
                 continue
             try:
                 trees.append(RolloutTree.from_dict(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+            except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError is a ValueError
                 raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree ({err})") from None
+            except RecursionError:  # json's parser recurses once per nesting level
+                raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree (nested too deeply)") from None
     return trees

@@ -62,8 +62,10 @@ def load_entries(paths: Iterable[str | Path]) -> list[TreeEntry]:
                 try:
                     data = json.loads(line)
                     tree = RolloutTree.from_dict(data)
-                except (ValueError, KeyError, TypeError) as err:
+                except (ValueError, KeyError, TypeError, AttributeError) as err:
                     raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree ({err})") from None
+                except RecursionError:  # json's parser recurses once per nesting level
+                    raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree (nested too deeply)") from None
                 step = data.get("step")
                 out.append(TreeEntry(tree, str(data.get("method") or default), step if isinstance(step, int) else None))
     return out

@@ -1,8 +1,9 @@
 import json
 
 import pytest
+from helpers_data import shared_data_or_skip
 
-from trace_rl.envs.data import MATH_FILES, QA_FILES, data_root, load_tasks, read_rows, row_to_task
+from trace_rl.envs.data import MATH_FILES, QA_FILES, load_tasks, read_rows, row_to_task
 
 
 def test_verl_rows_from_jsonl_and_plain_rows(tmp_path):
@@ -47,10 +48,7 @@ def test_bad_files_name_file_and_line(tmp_path):
 
 
 def test_shared_data_loaders_if_present():
-    try:
-        data_root()
-    except FileNotFoundError:
-        pytest.skip("shared/data is not here")
+    shared_data_or_skip(*MATH_FILES.values(), *QA_FILES.values())
     sizes = {name: len(load_tasks(name)) for name in list(MATH_FILES) + list(QA_FILES)}
     assert sizes["aime24"] == 30 and sizes["math500"] == 500 and sizes["amc23"] == 40
     assert sizes["minerva"] == 272 and sizes["olympiadbench"] == 675 and sizes["bamboogle"] == 125

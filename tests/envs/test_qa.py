@@ -66,12 +66,9 @@ def test_recall_and_search_r1_compatible_server(retriever):
 
 
 def test_shared_corpus_recall_if_present():
-    from trace_rl.envs.data import data_root
+    from helpers_data import shared_data_or_skip
 
-    try:
-        root = data_root() / "qa" / "corpus"
-    except FileNotFoundError:
-        pytest.skip("shared/data is not here")
+    root = shared_data_or_skip("qa/corpus/hotpotqa_train.json", "qa/corpus/hotpotqa_train_corpus.json") / "qa/corpus"
     questions = json.loads((root / "hotpotqa_train.json").read_text())
     r = BM25Retriever(load_corpus(root / "hotpotqa_train_corpus.json"))
     sup = [{t for t, _ in q["supporting_facts"]} for q in questions]

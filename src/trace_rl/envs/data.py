@@ -74,7 +74,22 @@ def data_root() -> Path:
         for cand in (parent / "shared" / "data", parent.parent / "shared" / "data"):
             if cand.is_dir():
                 return cand
-    raise MissingFileError("no shared/data found; set TRACE_RL_DATA to the folder that holds math/ and qa/")
+    raise MissingFileError(
+        "no shared/data found; fetch it with `trace-rl fetch-data`, or set TRACE_RL_DATA to the folder that holds "
+        "math/ and qa/"
+    )
+
+
+def default_data_dir() -> Path:
+    """Where `trace-rl fetch-data` writes by default: TRACE_RL_DATA, else shared/data beside the checkout (the
+    first place `data_root` looks)."""
+    env = os.environ.get("TRACE_RL_DATA")
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[3]
+    if not (checkout / "pyproject.toml").is_file():
+        raise ConfigError("out: give the folder to write the data to (and set TRACE_RL_DATA to it)")
+    return checkout.parent / "shared" / "data"
 
 
 def _json_lines(path: Path, text: str) -> list:
@@ -85,6 +100,8 @@ def _json_lines(path: Path, text: str) -> list:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            except RecursionError:
+                raise ConfigError(f"{path}:{lineno}: nested too deeply to be a row") from None
     return rows
 
 
@@ -99,11 +116,20 @@ def read_rows(path: str | Path) -> list[dict]:
         raise MissingFileError(f"no such data file: {path}")
     if path.suffix == ".parquet":
         return _read_parquet(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: not UTF-8 text at byte {err.start} (rows are JSON lines, JSON or .parquet)"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it ({err.strerror or err})") from None
     if path.suffix != ".json":
         return _json_lines(path, text)
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be rows") from None
     except json.JSONDecodeError as err:
         if err.msg != "Extra data":  # a broken document, not several documents
             raise ConfigError(f"{path}: not valid JSON ({err})") from None
@@ -125,7 +151,10 @@ def _read_parquet(path: Path) -> list[dict]:
     except ImportError:
         pq = None
     if pq is not None:
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
+            raise ConfigError(f"{path}: not a readable parquet file ({str(err).strip()[:120]})") from None
     try:
         import pandas as pd
     except ImportError:

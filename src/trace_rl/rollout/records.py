@@ -12,19 +12,28 @@ A record is flat JSON with slash-namespaced keys (verl's and TRL's convention):
 - `timing_s/*`: generate, env, predictor, allocate, total, overhead, and what the command adds (update, eval)
 - `eval/*` and `train/*`: added by the command when it evaluates or trains (e.g. eval/accuracy)
 Summaries, plots and `diagnose` read these keys only.
+
+The file is strict JSON, which jq and other readers take: a value that is not a finite number (a standard error
+of one sample is NaN) is written as null, and `read_metrics` reads a null metric back as NaN, so the numbers in
+memory are those that were logged (an infinity comes back as NaN). Files written before, with bare `NaN`, still
+read.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
+from ..errors import UserError
 from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
 from ..predictors.diagnostics import node_records, spearman_rho, step_diagnostics
+from ..safe_read import NotRegularFile, check_regular
 from .engine import StepResult
 
 GROUPS = ("rollout", "alloc", "predictor", "timing_s", "eval", "train")
@@ -111,22 +120,81 @@ class MetricsWriter:
     def write(self, record: StepRecord | dict) -> None:
         flat = record.flat() if isinstance(record, StepRecord) else record
         with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(flat) + "\n")
+            fh.write(finite_json(flat) + "\n")
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.floating):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def finite_json(obj, **kwargs) -> str:
+    """json.dumps as strict JSON: NaN and infinities (also inside lists and dicts) become null."""
+    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
+
+
+def _metric_nulls_as_nan(rec: dict) -> dict:
+    """A metric (a slash-namespaced key) logged as null was a NaN or an infinity: read back as NaN."""
+    return {k: (math.nan if v is None and "/" in k else v) for k, v in rec.items()}
 
 
 def read_metrics(path: str | Path) -> dict[str, list[dict]]:
-    """Records of a metrics.jsonl by method, in step order."""
+    """Records of a metrics.jsonl by method, in step order (null metrics as NaN; old files with NaN read too)."""
     out: dict[str, list[dict]] = {}
+    check_regular(path)
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 raise ValueError(f"{path}:{lineno}: not JSON") from None
-            out.setdefault(rec["method"], []).append(rec)
+            if not isinstance(rec, dict) or "method" not in rec:
+                raise ValueError(f"{path}:{lineno}: not a metrics record")
+            out.setdefault(rec["method"], []).append(_metric_nulls_as_nan(rec))
     return out
+
+
+def keep_records_before(path: str | Path, step: int, warn: Callable[[str], None] | None = None) -> None:
+    """Rewrite a JSON-lines file of step records (metrics.jsonl, predictions.jsonl) keeping those of steps before
+    `step`, for a resumed run that redoes the later ones. A line that is no record (one torn by a kill, garbage
+    appended) is dropped with one line to `warn` naming the first; the file is replaced whole (write, rename),
+    so a kill here leaves the old file or the new one. UserError if `path` is not a regular file."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    try:
+        check_regular(path)
+        text = path.read_bytes().decode("utf-8", "replace")
+    except (NotRegularFile, OSError) as err:
+        raise UserError(f"out: cannot rewrite {path} on resume ({err})") from None
+    keep, bad = [], []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            rec_step = rec["step"]
+            if isinstance(rec_step, bool) or not isinstance(rec_step, int):
+                raise TypeError
+        except (ValueError, RecursionError, KeyError, TypeError):
+            bad.append(lineno)
+            continue
+        if rec_step < step:
+            keep.append(finite_json(rec))  # a record from before strict JSON is rewritten as strict JSON
+    if bad and warn:
+        warn(f"{path}: dropped {len(bad)} line(s) that are not records (first: line {bad[0]}), e.g. one torn by a kill")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(rec + "\n" for rec in keep), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def average_runs(runs: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:

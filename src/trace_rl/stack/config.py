@@ -27,6 +27,7 @@ from ..methods import BudgetPlan
 from ..rollout.engine import EXECUTORS
 from ..rollout.lm_actor import BATCHING
 from ..rollout.ray_executor import RayConfig
+from ..seeding import check_seed  # noqa: F401 - the commands' configs import it from here
 
 BACKENDS = ("hf", "vllm", "server")
 SERVER_PROBE_S = 3.0  # seconds the start-up probe of `policy.server_url` waits for /v1/models
@@ -207,12 +208,6 @@ class LMRunConfig:
     def __post_init__(self):
         if self.executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
-
-
-def check_seed(seed: int, key: str = "seed") -> None:
-    """Seeds name random streams (`seeding`), which take non-negative integers only."""
-    if seed < 0:
-        raise ValueError(f"{key} must be >= 0, got {seed}")
 
 
 def check_methods(methods: list[str], known, key: str = "methods") -> None:

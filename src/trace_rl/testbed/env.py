@@ -65,6 +65,10 @@ class TestbedConfig:
             raise ValueError(f"difficulty_mix must be 3 non-negative shares summing to 1, got {self.difficulty_mix}")
         if self.num_actions < 2 or self.num_kinds < 1:
             raise ValueError("num_actions must be >= 2 and num_kinds >= 1")
+        if not 0 <= self.hint_noise < float("inf"):  # a standard deviation (numpy refuses a negative one mid-run)
+            raise ValueError(f"hint_noise must be a finite number >= 0, got {self.hint_noise}")
+        if self.max_tolerance < 0:
+            raise ValueError(f"max_tolerance must be >= 0, got {self.max_tolerance}")
 
     @property
     def mix(self) -> tuple[float, float, float]:

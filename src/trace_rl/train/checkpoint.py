@@ -17,6 +17,16 @@ accepted with a one-line warning; their damage is still caught where reading a f
 safetensors file, a garbage pickle, broken JSON), not where a file was altered but still parses. Everything is
 read before anything is applied, so a damaged checkpoint never leaves a half-restored model; the weights are
 held twice in host memory for that moment.
+
+A checkpoint also says whose it is: the manifest records the run (its seed, a digest of the settings that
+determine what it computes, and those settings) and the step, and `resume_point` refuses one that belongs to
+another run (a symlink to another seed's checkpoint) or another step (`global_step_2` copied to
+`global_step_8`), with one line saying which setting or step differs. A newer foreign or misnamed one is moved
+aside (`.foreign`, `.damaged`) and the newest checkpoint of this run is loaded; when none is this run's, the
+resume stops with one line and nothing is moved. Manifests written before the run was recorded are accepted
+with one line saying the run was not checked (the step still is). Anything under `global_step_N` that is not
+a directory (a file, a dangling symlink) is moved aside with one line, and no file is read unless it is a
+regular file (`safe_read`), so a FIFO in place of a file fails at once instead of blocking the resume.
 """
 
 from __future__ import annotations
@@ -36,18 +46,26 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
+from ..safe_read import check_regular, read_json
 
 _NAME = re.compile(r"^global_step_(\d+)$")
 MANIFEST = "manifest.json"
+FORMAT = 2  # 1: files and step; 2: also the run (seed, settings digest, settings)
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def checkpoints(out: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under `out`, oldest first."""
+def entries(out: str | Path) -> list[tuple[int, Path]]:
+    """Everything named `global_step_N` under `out`, whatever it is (a directory, a file, a dangling symlink),
+    oldest first: what a resume must look at, so that nothing in the way of a later save goes unnoticed."""
     root = Path(out)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
-    return sorted(found)
+    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)))
+
+
+def checkpoints(out: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under `out` (directories, or symlinks to one), oldest first."""
+    return [(step, p) for step, p in entries(out) if p.is_dir()]
 
 
 def _write_files(path: Path, model, tokenizer, optimizer, predictor, state: dict, config_yaml: str) -> None:
@@ -75,8 +93,11 @@ def save_checkpoint(
     state: dict,
     config_yaml: str,
     keep_last: int = 2,
+    run: dict | None = None,
 ) -> Path:
-    """Write `out/global_step_{step}` atomically; then drop all but the `keep_last` newest."""
+    """Write `out/global_step_{step}` atomically; then drop all but the `keep_last` newest. `run` (`run_record`:
+    seed, settings digest, settings) goes into the manifest, so a resume can tell this run's checkpoints from
+    another's."""
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"
@@ -87,8 +108,11 @@ def save_checkpoint(
     for f in tmp.iterdir():  # on disk before the manifest vouches for them
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
-    _write_manifest(tmp, step)  # last: its presence says every other file was complete
-    if final.exists():
+    _write_manifest(tmp, step, run)  # last: its presence says every other file was complete
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        # a link (maybe to another run's checkpoint) or a stray file: moved aside, never followed or deleted
+        os.replace(final, _free_name(final.with_name(f"{final.name}.damaged")))
+    elif final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     for _, old in checkpoints(root)[:-keep_last] if keep_last > 0 else []:
@@ -110,38 +134,116 @@ def _files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def _write_manifest(path: Path, step: int) -> None:
+def _write_manifest(path: Path, step: int, run: dict | None = None) -> None:
     files = {str(f.relative_to(path)): {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in _files(path)}
+    manifest = {"format": FORMAT, "step": step, "files": files}
+    if run is not None:
+        manifest["run"] = run
     with open(path / MANIFEST, "w") as fh:
-        json.dump({"format": 1, "step": step, "files": files}, fh, indent=1)
+        json.dump(manifest, fh, indent=1, allow_nan=False)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def run_record(seed: int, settings: dict) -> dict:
+    """What identifies a run in its checkpoints: the seed, and the settings that determine what it computes
+    (with a digest, so that equal settings are one string compare; the settings themselves name what differs)."""
+    text = json.dumps(settings, sort_keys=True, default=str, allow_nan=False)
+    return {"seed": seed, "settings_digest": hashlib.sha256(text.encode()).hexdigest()[:16], "settings": settings}
 
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
 
 
+class ForeignCheckpoint(CheckpointError):
+    """An intact checkpoint of another run (another seed or other settings)."""
+
+
+def _manifest_entries(manifest: Path) -> tuple[dict, list[tuple[str, int, str]]]:
+    """(the manifest, its files as (name, bytes, sha256)), every field type-checked; CheckpointError otherwise."""
+    try:
+        doc = read_json(manifest)
+        files = doc["files"]
+        if not isinstance(files, dict):
+            raise TypeError("files is not an object")
+        out = []
+        for name, e in files.items():
+            size, digest = e["bytes"], e["sha256"]
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise TypeError(f"bytes of {name} is {str(size)[:20]}, not a byte count")
+            if not isinstance(digest, str) or not _HEX64.match(digest):
+                raise TypeError(f"sha256 of {name} is not a SHA-256 digest")
+            if Path(name).is_absolute() or ".." in Path(name).parts or not name:
+                raise TypeError(f"{name[:60]!r} is not a path inside the checkpoint")
+            out.append((name, size, digest))
+        if "step" in doc and (isinstance(doc["step"], bool) or not isinstance(doc["step"], int)):
+            raise TypeError("step is not an integer")
+        if "run" in doc and not isinstance(doc["run"], dict):
+            raise TypeError("run is not an object")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        what = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise CheckpointError(f"{manifest}: unreadable ({type(err).__name__}: {what})") from None
+    return doc, out
+
+
 def verify_checkpoint(path: Path) -> bool:
     """True when every file matches the manifest; False for a checkpoint without one (written before manifests
     existed); CheckpointError naming the first file that is missing, cut short or altered."""
     manifest = path / MANIFEST
-    if not manifest.exists():
+    if not manifest.exists() and not manifest.is_symlink():
         return False
-    try:
-        files = json.loads(manifest.read_text())["files"]
-        entries = [(name, int(e["bytes"]), str(e["sha256"])) for name, e in files.items()]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"{manifest}: unreadable ({type(err).__name__}: {err})") from None
-    for name, size, digest in entries:
+    _, files = _manifest_entries(manifest)
+    for name, size, digest in files:
         f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"{f}: missing")
+        try:
+            check_regular(f)
+        except FileNotFoundError:
+            raise CheckpointError(f"{f}: missing") from None
+        except OSError as err:
+            raise CheckpointError(str(err)) from None
         if f.stat().st_size != size:
             raise CheckpointError(f"{f}: {f.stat().st_size} bytes, the manifest says {size}")
         if _sha256(f) != digest:
             raise CheckpointError(f"{f}: contents differ from the manifest (SHA-256)")
     return True
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if isinstance(a.get(k), dict) and isinstance(b.get(k), dict):
+            out += _differences(a[k], b[k], f"{prefix}{k}.")
+        elif a.get(k) != b.get(k):
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def check_identity(path: Path, step: int, state: dict, run: dict | None) -> str:
+    """Whether the checkpoint at `path` is step `step` of the run `run` (`run_record`): CheckpointError when its
+    manifest or trainer state names another step (a copy under another name), ForeignCheckpoint when it names
+    another seed or other settings; a line to warn with when its manifest predates run records, else ''."""
+    if state.get("step") != step:
+        raise CheckpointError(f"{path / 'trainer_state.json'}: says step {state.get('step')}, not {step} as named")
+    manifest = path / MANIFEST
+    if not manifest.exists():
+        return ""  # no manifest at all: resume_point already says so
+    doc, _ = _manifest_entries(manifest)
+    if doc.get("step", step) != step:
+        raise CheckpointError(f"{manifest}: says step {doc['step']}, not {step} as named (a copy under another name)")
+    if run is None:
+        return ""
+    theirs = doc.get("run")
+    if theirs is None:
+        return f"{path}: written before checkpoints recorded their run; its seed and settings were not checked"
+    if theirs.get("seed") != run["seed"]:
+        raise ForeignCheckpoint(f"{path}: a checkpoint of another run (seed {theirs.get('seed')}, not {run['seed']})")
+    if theirs.get("settings_digest") != run["settings_digest"]:
+        other = theirs.get("settings")
+        diff = _differences(other, run["settings"]) if isinstance(other, dict) else []
+        said = f"settings differ in {', '.join(diff[:4])}" if diff else "other settings"
+        raise ForeignCheckpoint(f"{path}: a checkpoint of another run ({said})")
+    return ""
 
 
 @dataclass
@@ -156,17 +258,23 @@ class Checkpoint:
     rng: dict
     state: dict
     verified: bool  # False: written before manifests existed, read unchecked
+    note: str = ""  # a line to warn with (a manifest that predates run records)
 
 
-def read_checkpoint(path: Path, step: int) -> Checkpoint:
-    """Verify and read every file of a checkpoint; CheckpointError names the file that cannot be read."""
+def read_checkpoint(path: Path, step: int, run: dict | None = None) -> Checkpoint:
+    """Verify and read every file of a checkpoint, and check it is step `step` of `run` (when given);
+    CheckpointError names the file that cannot be read, ForeignCheckpoint the run it belongs to."""
     import torch
     from safetensors.torch import load_file
 
+    if not path.is_dir():
+        what = "a dangling symlink" if path.is_symlink() and not path.exists() else "not a directory"
+        raise CheckpointError(f"{path}: {what}, not a checkpoint")
     verified = verify_checkpoint(path)
 
     def read(name: str, how):
         try:
+            check_regular(path / name)  # a FIFO would block the reader for ever
             return how(path / name)
         except Exception as err:  # noqa: BLE001 - unpickling and deserialising raise anything on garbage
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -184,43 +292,64 @@ def read_checkpoint(path: Path, step: int) -> Checkpoint:
     optimizer = read("optimizer.pt", lambda p: torch.load(p, map_location="cpu", weights_only=False))
     predictor = read("predictor.pkl", pickled)
     rng = read("rng.pkl", pickled)
-    state = read("trainer_state.json", lambda p: json.loads(p.read_text()))
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+    state = read("trainer_state.json", lambda p: read_json(p, strict=False))  # a NaN standard error is in it
+    if not isinstance(state, dict) or isinstance(state.get("step"), bool) or not isinstance(state.get("step"), int):
         raise CheckpointError(f"{path / 'trainer_state.json'}: no step in it")
     if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
         raise CheckpointError(f"{path / 'rng.pkl'}: not the RNG states of python, numpy and torch")
-    return Checkpoint(step, path, weights, optimizer, predictor, rng, state, verified)
+    note = check_identity(path, step, state, run)
+    return Checkpoint(step, path, weights, optimizer, predictor, rng, state, verified, note)
 
 
-def resume_point(out: str | Path, warn: Callable[[str], None] | None = None) -> Checkpoint:
-    """The newest checkpoint under `out` that verifies and reads back. Each one skipped, and each one accepted
-    without a manifest, costs one line to `warn`; UserError when none is usable."""
+def resume_point(out: str | Path, warn: Callable[[str], None] | None = None, run: dict | None = None) -> Checkpoint:
+    """The newest checkpoint under `out` that verifies, reads back and (given `run`, a `run_record`) belongs to
+    this run at the step it is named for. Each one skipped, and each one accepted without a manifest or without
+    a run record, costs one line to `warn`; UserError when none is usable, or when every intact one is another
+    run's (then nothing is moved: the settings, not the checkpoints, are likely what is wrong)."""
     warn = warn or (lambda line: None)
-    skipped = []
-    for step, path in reversed(checkpoints(out)):
+    skipped: list[tuple[Path, str]] = []
+    foreign: list[str] = []
+    lines: list[str] = []  # said once the outcome is known: a refusal of every checkpoint is its one line
+    for step, path in reversed(entries(out)):
         try:
-            ckpt = read_checkpoint(path, step)
-        except CheckpointError as err:
-            warn(f"skipping a damaged checkpoint: {err}")
-            skipped.append(path)
+            ckpt = read_checkpoint(path, step, run)
+        except ForeignCheckpoint as err:
+            lines.append(f"skipping a checkpoint of another run: {err}")
+            skipped.append((path, "foreign"))
+            foreign.append(str(err))
             continue
+        except CheckpointError as err:
+            lines.append(f"skipping a damaged checkpoint: {err}")
+            skipped.append((path, "damaged"))
+            continue
+        for line in lines:
+            warn(line)
         if not ckpt.verified:
             warn(f"{path} has no {MANIFEST} (written before checkpoints were verified): loaded unchecked")
-        for bad in skipped:  # kept for a look, but out of the way: a later save must not prune a good one for it
-            os.replace(bad, _free_name(bad.with_name(f"{bad.name}.damaged")))
+        elif ckpt.note:
+            warn(ckpt.note)
+        for bad, why in skipped:  # kept for a look, but out of the way: a later save must not prune or hit them
+            os.replace(bad, _free_name(bad.with_name(f"{bad.name}.{why}")))
         return ckpt
+    if foreign:  # the settings, not the checkpoints, are likely what is wrong: this line alone
+        raise UserError(
+            f"resume: no checkpoint in {out} is this run's ({foreign[0]}); resume with the settings it was run "
+            "with, or choose another out"
+        )
+    for line in lines:
+        warn(line)
     raise UserError(
-        f"out: no usable checkpoint in {out} ({', '.join(p.name for p in skipped)} damaged); move them away to "
-        "start over, "
-        "or choose another out"
+        f"out: no usable checkpoint in {out} ({', '.join(p.name for p, _ in skipped)} damaged or foreign); move "
+        "them away to start over, or choose another out"
     )
 
 
 def _free_name(path: Path) -> Path:
-    n = 1
-    while path.exists():
+    """`path`, or `path` with a number appended when something (even a dangling symlink) holds that name."""
+    base, n = path.name, 1
+    while path.exists() or path.is_symlink():
         n += 1
-        path = path.with_name(f"{path.name.split('.damaged')[0]}.damaged{n}")
+        path = path.with_name(f"{base}{n}")
     return path
 
 

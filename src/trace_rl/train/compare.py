@@ -43,6 +43,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -86,6 +87,14 @@ class CompareConfig:
     train: TrainConfig = field(default_factory=TrainConfig)  # the settings every run shares (its method is replaced)
     warm_starts: list[int] = field(default_factory=lambda: [0])  # tiny@W starts (sft seeds); a pair is (W, seed)
     workers: int = 1  # runs trained at once, each in its own process with cores // workers torch threads (at least 1)
+
+    # what compare sets for each run itself (`_run_config`): refused, and left out of --help, not ignored
+    SET_PER_RUN: ClassVar[dict[str, str]] = {
+        "train.out": "each run writes to out/<method>/seed<k>; set out",
+        "train.seed": "each run takes one of seeds; set seeds",
+        "train.method": "each run takes one of methods; set methods",
+        "train.resume": "compare always resumes unfinished runs and reads finished ones",
+    }
 
     def __post_init__(self):
         allowed = [m for m in METHODS if METHODS[m].predictor != "oracle"]

@@ -60,8 +60,10 @@ class SFTParams:
         for name in ("batch_size", "tasks", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.warmup_steps < 1 or self.max_minutes < 0:
-            raise ValueError("warmup_steps must be >= 1 and max_minutes >= 0")
+        if self.warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1, got {self.warmup_steps}")
+        if not 0 <= self.max_minutes < float("inf"):
+            raise ValueError(f"max_minutes must be >= 0 (0: no cap), got {self.max_minutes}")
 
 
 def train_sft(

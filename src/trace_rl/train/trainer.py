@@ -21,6 +21,7 @@ predictions.jsonl (`trace-rl diagnose`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import resource
@@ -35,11 +36,12 @@ from ..envs.calculator import TRAIN_MIX
 from ..errors import UserError
 from ..methods import METHODS, BudgetPlan, get_method
 from ..rollout.engine import make_executor
-from ..rollout.records import step_record
+from ..rollout.records import finite_json, keep_records_before, step_record
+from ..safe_read import read_json
 from ..seeding import derive_seed
 from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
 from ..stack.config import LMEnvConfig, LMRunConfig, check_seed
-from .checkpoint import checkpoints, restore, resume_point, save_checkpoint
+from .checkpoint import entries, restore, resume_point, run_record, save_checkpoint
 from .loggers import SINKS, StepLogger
 from .update import UpdateConfig, make_optimizer, scheduled_lr, update_policy
 
@@ -102,6 +104,23 @@ class TrainConfig(LMRunConfig):
                 "policy.backend: a server's weights cannot be updated from here; train with hf or vllm "
                 "(rollout and eval take backend=server)"
             )
+
+
+# what a resume may change: where a run writes and how it reports, how long it runs, where it computes; every
+# other setting (and the seed) decides what the steps compute, so a checkpoint of other ones is another run's
+RESUMABLE = ("out", "resume", "progress", "logger", "save_every", "keep_last", "steps", "eval_every", "seed")
+RESUMABLE_GROUPS = {"executor": None, "ray": None, "policy": ("device", "backend", "server_url")}
+
+
+def run_identity(cfg: TrainConfig) -> dict:
+    """The run a checkpoint of `cfg` belongs to (`checkpoint.run_record`): its seed and the settings above."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in RESUMABLE}
+    for group, keys in RESUMABLE_GROUPS.items():
+        if keys is None:
+            settings.pop(group, None)
+        elif isinstance(settings.get(group), dict):
+            settings[group] = {k: v for k, v in settings[group].items() if k not in keys}
+    return run_record(cfg.seed, json.loads(json.dumps(settings, default=str)))
 
 
 def ensure_policy(cfg: TrainConfig) -> dict:
@@ -193,9 +212,8 @@ def write_predictions(out: Path, result, step: int, start: int) -> None:
     from ..predictors.diagnostics import node_records
 
     path = out / "predictions.jsonl"
-    if step == start and path.exists():
-        keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < start]
-        path.write_text("".join(ln + "\n" for ln in keep))
+    if step == start:
+        keep_records_before(path, start, lambda line: print(line, file=sys.stderr))
     with open(path, "a", encoding="utf-8") as fh:
         for rec in node_records(result.active):
             fh.write(json.dumps({"method": result.method, "step": step, **rec}) + "\n")
@@ -208,18 +226,21 @@ def _peak_rss_gib() -> float:
 def _finished_summary(cfg: TrainConfig, out: Path, state: dict) -> dict:
     """The summary of a run that already reached its steps: the one it wrote, else what its checkpoint holds."""
     try:
-        return json.loads((out / "train_summary.json").read_text())
+        summary = read_json(out / "train_summary.json", strict=False)
+        if isinstance(summary, dict):
+            return summary
     except (OSError, ValueError):
-        return {
-            "method": cfg.method,
-            "seed": cfg.seed,
-            "steps": state["step"],
-            "accuracy_after": None,
-            "out": str(out),
-            "accuracy_before": state.get("accuracy_before"),
-            "rollouts": state.get("rollouts", 0),
-            "peak_rss_gib": _peak_rss_gib(),
-        }
+        pass  # no summary, or one that is not readable: what the checkpoint holds
+    return {
+        "method": cfg.method,
+        "seed": cfg.seed,
+        "steps": state["step"],
+        "accuracy_after": None,
+        "out": str(out),
+        "accuracy_before": state.get("accuracy_before"),
+        "rollouts": state.get("rollouts", 0),
+        "peak_rss_gib": _peak_rss_gib(),
+    }
 
 
 def train(
@@ -241,10 +262,11 @@ def train(
 
     out = Path(cfg.out)
     start = 0
-    found = checkpoints(out)
+    found = entries(out)  # a file or a dangling link named global_step_N counts: a later save would hit it
     if found and not cfg.resume:
         raise UserError(f"out: {out} already holds checkpoints; pass resume=true to continue, or another out")
-    ckpt = resume_point(out, lambda line: print(line, file=sys.stderr)) if cfg.resume and found else None
+    run = run_identity(cfg)
+    ckpt = resume_point(out, lambda line: print(line, file=sys.stderr), run) if cfg.resume and found else None
     if ckpt and ckpt.step >= cfg.steps:  # nothing left to train: say so, and hand back what the run reached
         print(f"{out} already reached step {ckpt.step} (steps={cfg.steps}); raise steps to train on", file=sys.stderr)
         return _finished_summary(cfg, out, ckpt.state)
@@ -276,13 +298,8 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     if config_yaml:
         (out / "config.yaml").write_text(config_yaml + start_comment(start_model))
-    if start and (out / "metrics.jsonl").exists():  # records of steps after the checkpoint are redone
-        keep = [
-            line
-            for line in (out / "metrics.jsonl").read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] < start
-        ]
-        (out / "metrics.jsonl").write_text("".join(line + "\n" for line in keep))
+    if start:  # records of steps after the checkpoint are redone; a torn or garbage line is dropped
+        keep_records_before(out / "metrics.jsonl", start, lambda line: print(line, file=sys.stderr))
     logger = StepLogger(cfg.logger, out, resume=bool(start), run_name=f"{cfg.method}-seed{cfg.seed}")
 
     params = cfg.policy.sampling(spec.max_new_tokens)
@@ -360,7 +377,7 @@ def train(
             logger.log(record)
             state["step"] = step + 1
             if (step + 1) % cfg.save_every == 0 or last:
-                save_checkpoint(out, step + 1, model, tok, optimizer, predictor, state, config_yaml, cfg.keep_last)
+                save_checkpoint(out, step + 1, model, tok, optimizer, predictor, state, config_yaml, cfg.keep_last, run)
     finally:
         logger.close()
         policy.close()
@@ -380,5 +397,5 @@ def train(
         "peak_rss_gib": _peak_rss_gib(),
         "out": str(out),
     }
-    summary_path.write_text(json.dumps(summary, indent=2))
+    summary_path.write_text(finite_json(summary, indent=2))  # strict JSON: a NaN standard error is null
     return summary
