@@ -1,0 +1,30 @@
+"""Finding sandbox processes from outside, for the tests that check none is left running."""
+
+import os
+
+SANDBOX_MARK = "trace-rl-sandbox-"  # in every sandbox process's command line (its temp dir's name)
+
+
+def _boot_ticks(pid: str) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+
+
+def sandbox_processes(since_ticks: int = 0) -> list[str]:
+    """Command lines of the running sandbox processes (bwrap and what runs in it) started at or after
+    `since_ticks` (clock ticks since boot); [] where /proc is missing."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            if SANDBOX_MARK in cmd and _boot_ticks(pid) >= since_ticks:
+                found.append(f"{pid}: {cmd[:200]}")
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def now_ticks() -> int:
+    with open("/proc/uptime") as fh:
+        return int(float(fh.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
