@@ -31,8 +31,8 @@ from .config import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig
 
 
 def build_env(cfg: LMEnvConfig) -> EnvSpec:
-    """The env spec of `cfg`; a corpus that does not parse, or a strict sandbox that cannot run here, is one
-    line naming its key (raised before any model is loaded)."""
+    """The env spec of `cfg`; a corpus that does not parse, a retriever that does not answer, or a strict sandbox
+    that cannot run here, is one line naming its key (raised before any model is loaded)."""
     try:
         spec = get_env(
             cfg.name,
@@ -41,6 +41,8 @@ def build_env(cfg: LMEnvConfig) -> EnvSpec:
             calculator_mix=cfg.calculator_mix,
             sandbox=cfg.sandbox,
         )
+    except ConfigError:  # already one line naming its key (a retriever_url that does not answer)
+        raise
     except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:
         if cfg.name == "qa" and cfg.corpus:
             raise ConfigError(
