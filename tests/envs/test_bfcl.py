@@ -281,7 +281,7 @@ def test_a_call_is_bounded_in_memory_as_well_as_time():
 def test_the_backends_state_is_capped_so_a_step_costs_no_more_as_the_episode_grows(monkeypatch):
     from trace_rl.envs import bfcl_env
 
-    monkeypatch.setattr(bfcl_env, "MAX_STATE_BYTES", 64 << 10)  # 4 MiB by default; the largest entry starts at 20 KB
+    monkeypatch.setattr(bfcl_env, "MAX_STATE_BYTES", 64 << 10)  # 1 MiB by default; the largest entry starts at 20 KB
     env = BFCLEnv(steps_per_turn=50)
     env.reset(load_bfcl("multi_turn_base", limit=1)[0])
     before = env.step("Action: call[ls()]")[0]
