@@ -68,83 +68,46 @@ import tempfile
 import textwrap
 import time
 import warnings
-from dataclasses import dataclass
 
 from . import seccomp
 from .sandbox_cgroup import CallCgroup
-from .sandbox_host import TMP_PREFIX, collect, sweep_stale
+from .sandbox_host import (
+    ENV,
+    FSIZE_MB,
+    NOFILE,
+    TMP_PREFIX,
+    SandboxResult,
+    finish,
+    signal_meaning,
+    sweep_stale,
+    write_code,
+)
+
+__all__ = [
+    "MODES",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "check_mode",
+    "own_tmpfs",
+    "require",
+    "run_python",
+    "signal_meaning",
+    "strict_unavailable",
+]
 
 MODES = ("strict", "weak")
 TMPFS_MB = 64  # the only writable place inside; its pages are host memory
 TMPFS_INODES = 4096  # files and folders in it: each costs the host about 1 KiB of kernel memory the size misses
 KERNEL_MB = 64  # a memory cgroup's room beyond RLIMIT_AS and the tmpfs: page tables, pipes, slab
-FSIZE_MB = 16
-NOFILE = 64
 NPROC = 64
 # What a math snippet may import beyond the standard library; every other installed package stays invisible.
 TOOL_PACKAGES = ("numpy", "sympy", "mpmath")
 UID = 65534  # nobody
 CODE_PATH = "/code/main.py"
-_ENV = {
-    "PATH": "/usr/bin:/bin",
-    "HOME": "/tmp",
-    "TMPDIR": "/tmp",
-    "LANG": "C.UTF-8",
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
 
 
 class SandboxUnavailable(RuntimeError):
     """The strict sandbox cannot run here; the message says why and how to opt into the weak mode."""
-
-
-@dataclass
-class SandboxResult:
-    stdout: str
-    stderr: str
-    returncode: int | None
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
-
-    def observation(self) -> str:
-        """What the agent sees: output, or the error's last line, or what stopped the run."""
-        if self.timed_out:
-            return f"Error: the code ran past the time limit and was stopped.\n{self.stdout}".strip()
-        if self.returncode not in (0, None):
-            lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
-            last = lines[-1] if lines else f"exit status {self.returncode}"
-            if self.returncode < 0:
-                last = f"killed by signal {-self.returncode} ({signal_meaning(-self.returncode)})"
-            return f"{self.stdout}\nError: {last}".strip()
-        return self.stdout.strip() or "(no output; use print() to see values)"
-
-
-# What a signal that ended the snippet means here; the rlimits and the seccomp filter send the first four.
-_SIGNALS = {
-    "SIGKILL": "killed: the memory limit (a memory cgroup) or the CPU time limit",
-    "SIGXCPU": "the CPU time limit",
-    "SIGXFSZ": "the file size limit",
-    "SIGSYS": "a forbidden system call",
-    "SIGBUS": "a bus error: a memory-mapped file read past its end, or /tmp full",
-    "SIGSEGV": "a segmentation fault",
-    "SIGABRT": "aborted",
-    "SIGFPE": "an arithmetic fault",
-    "SIGILL": "an illegal instruction",
-}
-
-
-def signal_meaning(signum: int) -> str:
-    """ "SIGSYS: a forbidden system call" and the like; the signal's name alone for one not listed."""
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-    return f"{name}: {_SIGNALS[name]}" if name in _SIGNALS else name
 
 
 def check_mode(mode: str) -> str:
@@ -236,7 +199,7 @@ def _bwrap_base() -> tuple[tuple[str, ...], tuple[str, ...]]:
             tail += ["--ro-bind", path, path]
         tail += ["--remount-ro", site_dir]
     tail += ["--chdir", "/tmp"]
-    for key, value in _ENV.items():
+    for key, value in ENV.items():
         tail += ["--setenv", key, value]
     return tuple(head), tuple(tail)
 
@@ -372,28 +335,6 @@ def require(mode: str) -> str:
 
 
 # -- running and reading ------------------------------------------------------------------------------------------
-def _finish(proc: subprocess.Popen, deadline: float, max_output: int, kill) -> SandboxResult:
-    try:
-        out, err, timed_out = collect(proc, deadline, 4 * max_output)
-    finally:
-        kill()
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-    code = proc.returncode
-    if code is not None and code > 128 and not err.total:  # bwrap reports a child killed by signal N as 128+N
-        code = 128 - code
-    return SandboxResult(out.text(max_output), err.text(max_output), None if timed_out else code, timed_out)
-
-
-def _write_code(work: str, code: str) -> str:
-    path = os.path.join(work, "main.py")
-    with open(path, "wb") as fh:  # surrogatepass: model text may hold lone surrogates; Python reports them inside
-        fh.write(code.encode("utf-8", "surrogatepass"))
-    os.chmod(path, 0o644)
-    return path
-
-
 def _read_child_pid(info_fd: int, deadline: float) -> int | None:
     """The sandbox's host pid from bwrap's --info-fd JSON, written right after the namespaces are made."""
     data = b""
@@ -415,7 +356,7 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int, ow
     own = own_tmpfs() if own is None else own
     with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as work:
         os.chmod(work, 0o755)
-        script = _write_code(work, code)
+        script = write_code(work, code)
         own_tmp = os.path.join(work, "tmp") if own else None
         if own_tmp:
             os.mkdir(own_tmp)  # the mount point; the tmpfs on it lives in the chain's mount namespace only
@@ -435,7 +376,7 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int, ow
             try:
                 proc = subprocess.Popen(
                     cmd,
-                    env=dict(_ENV),
+                    env=dict(ENV),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -473,7 +414,7 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int, ow
                 proc.kill()  # die-with-parent takes the namespace down with it
 
         try:
-            return _finish(proc, start + timeout_s, max_output, kill)
+            return finish(proc, start + timeout_s, max_output, kill)
         finally:
             if pidfd is not None:
                 os.close(pidfd)

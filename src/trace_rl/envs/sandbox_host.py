@@ -1,4 +1,6 @@
-"""What the host keeps bounded and clean around each strict sandbox call (see `envs.sandbox`).
+"""What the host keeps bounded and clean around each sandbox call (see `envs.sandbox`), and how it reports it.
+
+- Results: SandboxResult and the observation the agent reads, a signal named for what it means here.
 
 - Threads and kernel memory: per-call cgroups where the host delegates them (`envs.sandbox_cgroup`).
 - Output: stdout's head and stderr's head and tail are kept, at most a fixed number of bytes each, whatever
@@ -14,15 +16,110 @@ import functools
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 
 from .sandbox_cgroup import kill_and_remove_stale, pids_cgroup_root
 
-__all__ = ["TMP_PREFIX", "Kept", "collect", "pids_cgroup_root", "sweep_stale"]
+__all__ = [
+    "ENV",
+    "FSIZE_MB",
+    "NOFILE",
+    "TMP_PREFIX",
+    "Kept",
+    "SandboxResult",
+    "collect",
+    "finish",
+    "pids_cgroup_root",
+    "signal_meaning",
+    "sweep_stale",
+    "write_code",
+]
 
 TMP_PREFIX = "trace-rl-sandbox-"  # + the owner's pid + "-": a sweep can tell a dead owner's dirs
+FSIZE_MB = 16
+NOFILE = 64
+ENV = {  # the snippet's whole environment
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+@dataclass
+class SandboxResult:
+    stdout: str
+    stderr: str
+    returncode: int | None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def observation(self) -> str:
+        """What the agent sees: output, or the error's last line, or what stopped the run."""
+        if self.timed_out:
+            return f"Error: the code ran past the time limit and was stopped.\n{self.stdout}".strip()
+        if self.returncode not in (0, None):
+            lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
+            last = lines[-1] if lines else f"exit status {self.returncode}"
+            if self.returncode < 0:
+                last = f"killed by signal {-self.returncode} ({signal_meaning(-self.returncode)})"
+            return f"{self.stdout}\nError: {last}".strip()
+        return self.stdout.strip() or "(no output; use print() to see values)"
+
+
+# What a signal that ended the snippet means here; the rlimits and the seccomp filter send the first four.
+_SIGNALS = {
+    "SIGKILL": "killed: the memory limit (a memory cgroup) or the CPU time limit",
+    "SIGXCPU": "the CPU time limit",
+    "SIGXFSZ": "the file size limit",
+    "SIGSYS": "a forbidden system call",
+    "SIGBUS": "a bus error: a memory-mapped file read past its end, or /tmp full",
+    "SIGSEGV": "a segmentation fault",
+    "SIGABRT": "aborted",
+    "SIGFPE": "an arithmetic fault",
+    "SIGILL": "an illegal instruction",
+}
+
+
+def signal_meaning(signum: int) -> str:
+    """ "SIGSYS: a forbidden system call" and the like; the signal's name alone for one not listed."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+    return f"{name}: {_SIGNALS[name]}" if name in _SIGNALS else name
+
+
+def finish(proc: subprocess.Popen, deadline: float, max_output: int, kill) -> SandboxResult:
+    try:
+        out, err, timed_out = collect(proc, deadline, 4 * max_output)
+    finally:
+        kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    code = proc.returncode
+    if code is not None and code > 128 and not err.total:  # bwrap reports a child killed by signal N as 128+N
+        code = 128 - code
+    return SandboxResult(out.text(max_output), err.text(max_output), None if timed_out else code, timed_out)
+
+
+def write_code(work: str, code: str) -> str:
+    path = os.path.join(work, "main.py")
+    with open(path, "wb") as fh:  # surrogatepass: model text may hold lone surrogates; Python reports them inside
+        fh.write(code.encode("utf-8", "surrogatepass"))
+    os.chmod(path, 0o644)
+    return path
 
 
 def _owner_alive(name: str, prefix: str) -> bool:

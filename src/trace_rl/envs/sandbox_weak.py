@@ -14,8 +14,7 @@ import tempfile
 import textwrap
 import time
 
-from .sandbox import _ENV, FSIZE_MB, NOFILE, SandboxResult, _finish, _write_code
-from .sandbox_host import TMP_PREFIX
+from .sandbox_host import ENV, FSIZE_MB, NOFILE, TMP_PREFIX, SandboxResult, finish, write_code
 
 _GUARD = textwrap.dedent(
     """
@@ -69,8 +68,8 @@ def _weak_limits(memory_mb: int, cpu_s: int) -> None:
 
 def run_weak(code: str, timeout_s: float, memory_mb: int, max_output: int) -> SandboxResult:
     with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as work:
-        script = _write_code(work, _GUARD + "\ndel _os, _sys\n" + code)
-        env = {**_ENV, "HOME": work, "TMPDIR": work}
+        script = write_code(work, _GUARD + "\ndel _os, _sys\n" + code)
+        env = {**ENV, "HOME": work, "TMPDIR": work}
         start = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-I", "-B", "-X", "utf8", script],
@@ -89,4 +88,4 @@ def run_weak(code: str, timeout_s: float, memory_mb: int, max_output: int) -> Sa
             except (ProcessLookupError, PermissionError):
                 pass
 
-        return _finish(proc, start + timeout_s, max_output, kill)
+        return finish(proc, start + timeout_s, max_output, kill)
