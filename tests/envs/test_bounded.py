@@ -127,3 +127,20 @@ def test_a_memory_bound_makes_a_large_allocation_fail_in_the_copy():
     assert run_bounded(allocate, (64,), 5.0, memory_mb=256) == ("ok", 64 << 20, 0)
     status, message, _ = run_bounded(allocate, (2048,), 5.0, memory_mb=256)
     assert status == "error" and message.startswith("MemoryError")
+
+
+WARM = [0]
+
+
+def warm_up():
+    WARM[0] += 1
+
+
+def read_warm(tick):
+    return WARM[0]
+
+
+def test_a_preload_function_runs_once_in_the_worker_before_it_forks():
+    first = run_bounded(read_warm, (), 5.0, preload=("test_bounded:warm_up",))
+    second = run_bounded(read_warm, (), 5.0, preload=("test_bounded:warm_up",))
+    assert first == second == ("ok", 1, 0) and WARM[0] == 0  # in the worker, once; never in this process

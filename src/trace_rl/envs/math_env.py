@@ -44,6 +44,12 @@ def _verify(tick, pred_text: str, golds: list[str]) -> float:
     return 0.0
 
 
+def warm_checker() -> None:
+    """Called once in each worker before it forks: math-verify's first check fills caches (compiled patterns,
+    sympy's) that took each cold copy about 120 ms; every copy forked after it inherits them."""
+    _verify(lambda: None, "1/2", ["0.5"])
+
+
 def check_answer(prediction: str, ground_truth) -> tuple[float, str]:
     """(reward, how the check ended: "ok", "timeout" or "error: ..."); reward 1.0 when math-verify finds
     `prediction` equivalent to any of the ground-truth forms. Bounded on any thread (see the module docstring)."""
@@ -52,7 +58,8 @@ def check_answer(prediction: str, ground_truth) -> tuple[float, str]:
     if not pred_text.strip():
         return 0.0, "ok"
     args = (pred_text, [str(g) for g in golds])
-    status, value, _ = run_bounded(_verify, args, CHECK_S, preload=("math_verify",), cpu=True, memory_mb=CHECK_MB)
+    warm = ("trace_rl.envs.math_env:warm_checker",)
+    status, value, _ = run_bounded(_verify, args, CHECK_S, preload=warm, cpu=True, memory_mb=CHECK_MB)
     if status == "ok":
         return float(value), "ok"
     return 0.0, status if status == "timeout" else f"error: {value}"
