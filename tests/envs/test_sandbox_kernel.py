@@ -15,7 +15,8 @@ from sandbox_procs import now_ticks, sandbox_processes
 
 from trace_rl.envs import sandbox
 from trace_rl.envs.sandbox import run_python, signal_meaning
-from trace_rl.envs.sandbox_cgroup import memory_cgroup_root
+from trace_rl.envs.sandbox_cgroup import kill_and_remove_stale, memory_cgroup_root, pids_cgroup_root
+from trace_rl.envs.sandbox_host import _owner_alive
 
 WHY = sandbox.strict_unavailable()
 needs_strict = pytest.mark.skipif(WHY is not None, reason=f"strict sandbox unavailable here: {WHY}")
@@ -130,3 +131,24 @@ def test_the_leftover_check_sees_a_sandbox_process():
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(pids_cgroup_root() is None and memory_cgroup_root() is None, reason="no cgroup delegated here")
+def test_the_sweep_ends_what_still_runs_in_a_dead_owners_cgroup(tmp_path):
+    dead = subprocess.Popen(["true"])  # a pid that no longer runs: the owner killed mid-call
+    dead.wait()
+    root = pids_cgroup_root() or memory_cgroup_root()
+    group = os.path.join(root, f"trace-rl-{dead.pid}-{os.urandom(3).hex()}")
+    os.mkdir(group)
+    left = subprocess.Popen(["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec sleep 60', group])
+    try:
+        wait_s = time.monotonic() + 5
+        while time.monotonic() < wait_s and not open(os.path.join(group, "cgroup.procs")).read().strip():
+            time.sleep(0.01)
+        assert kill_and_remove_stale(_owner_alive) >= 1
+        assert left.wait(5) == -signal.SIGKILL and not os.path.exists(group)
+    finally:
+        left.kill()
+        left.wait()
+        if os.path.exists(group):
+            os.rmdir(group)
