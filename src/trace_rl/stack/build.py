@@ -41,9 +41,9 @@ def build_env(cfg: LMEnvConfig) -> EnvSpec:
             calculator_mix=cfg.calculator_mix,
             sandbox=cfg.sandbox,
         )
-    except ConfigError:  # already one line naming its key (a retriever_url that does not answer)
-        raise
     except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:
+        if isinstance(err, ConfigError) and str(err).startswith("env."):  # names its key (env.retriever_url)
+            raise
         if cfg.name == "qa" and cfg.corpus:
             raise ConfigError(
                 f"env.corpus: {cfg.corpus} is not a passage corpus ({type(err).__name__}: {err})"
