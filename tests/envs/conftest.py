@@ -8,7 +8,8 @@ from sandbox_procs import now_ticks, sandbox_processes
 @pytest.fixture(scope="session", autouse=True)
 def no_sandbox_left_behind():
     """The env tests must leave no sandbox process running: one that outlives its caller holds its memory and
-    cgroup until someone kills it by hand."""
+    cgroup until someone kills it by hand. Checked at the end of the session for sandboxes started since its
+    start whose caller is this process or has died (another session's live sandboxes are left alone)."""
     if not os.path.isdir("/proc"):
         yield
         return

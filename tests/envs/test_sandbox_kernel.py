@@ -81,6 +81,14 @@ def test_signals_are_named_for_what_they_are():
 
 
 @needs_strict
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x32 system-call ABI is x86_64's")
+def test_a_forbidden_system_call_is_reported_as_one():
+    # an x32 system call: a foreign ABI, which the seccomp filter answers by killing the process (SIGSYS)
+    res = run_python("import ctypes\nctypes.CDLL(None).syscall(0x40000000 | 39)\nprint('survived')")
+    assert res.observation() == "Error: killed by signal 31 (SIGSYS: a forbidden system call)", res
+
+
+@needs_strict
 def test_a_bus_error_inside_is_reported_as_one():
     res = run_python(
         "import mmap, os\nf = open('f', 'w+b'); f.write(b'x' * 8192); f.flush()\n"
@@ -117,20 +125,20 @@ def test_a_caller_killed_at_any_instant_leaves_no_sandbox_running(tmp_path):
     assert not left, left
 
 
-def test_the_leftover_check_sees_a_sandbox_process():
+def test_the_leftover_check_sees_a_sandbox_process_whose_caller_died():
+    gone = subprocess.Popen(["true"])
+    gone.wait()
     start = now_ticks()
-    proc = subprocess.Popen(["sleep", "30"], env={"X": "trace-rl-sandbox-0-x"})  # the mark in its environment only
-    try:  # the check reads command lines: a process whose command line holds the mark is found
-        marked = subprocess.Popen(["/bin/sh", "-c", "sleep 30", "trace-rl-sandbox-0-x"])
-        try:
-            assert any(line.startswith(f"{marked.pid}:") for line in sandbox_processes(start))
-            assert not any(line.startswith(f"{proc.pid}:") for line in sandbox_processes(start))
-        finally:
-            marked.kill()
-            marked.wait()
+    orphan = subprocess.Popen(["/bin/sh", "-c", "sleep 30", f"trace-rl-sandbox-{gone.pid}-x"])
+    elsewhere = subprocess.Popen(["/bin/sh", "-c", "sleep 30", f"trace-rl-sandbox-{os.getppid()}-x"])
+    unmarked = subprocess.Popen(["sleep", "30"], env={"X": f"trace-rl-sandbox-{gone.pid}-x"})  # environment only
+    try:  # the check reads command lines, and leaves alone a sandbox whose caller runs elsewhere
+        found = {int(line.split(":")[0]) for line in sandbox_processes(start)}
+        assert orphan.pid in found and elsewhere.pid not in found and unmarked.pid not in found
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in (orphan, elsewhere, unmarked):
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.skipif(pids_cgroup_root() is None and memory_cgroup_root() is None, reason="no cgroup delegated here")
