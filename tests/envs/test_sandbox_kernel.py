@@ -160,3 +160,17 @@ def test_the_sweep_ends_what_still_runs_in_a_dead_owners_cgroup(tmp_path):
         left.wait()
         if os.path.exists(group):
             os.rmdir(group)
+
+
+@pytest.mark.skipif(pids_cgroup_root() is None, reason="no pids cgroup delegated here")
+def test_a_memory_cgroup_that_cannot_be_made_leaves_the_pids_one(monkeypatch, tmp_path):
+    from trace_rl.envs import sandbox_cgroup
+
+    monkeypatch.setattr(sandbox_cgroup, "memory_cgroup_root", lambda: str(tmp_path / "gone"))
+    group = sandbox_cgroup.CallCgroup.make(64, 1 << 30)
+    assert group is not None
+    try:
+        assert [os.path.dirname(p) for p in group.paths] == [pids_cgroup_root().rstrip("/")]
+    finally:
+        group.remove()
+    assert not any(os.path.exists(p) for p in group.paths)

@@ -96,48 +96,45 @@ class CallCgroup:
     def __init__(self, tasks: int, memory_bytes: int):
         self.paths: list[str] = []
         name = f"{PREFIX}{os.getpid()}-{os.urandom(6).hex()}"
-        try:
-            pids = pids_cgroup_root()
-            if pids:
-                self._make(os.path.join(pids, name), {"pids.max": str(tasks)})
-            mem = memory_cgroup_root()
-            if mem:
-                v1 = os.path.exists(os.path.join(mem, "memory.limit_in_bytes"))
-                limits = (
-                    {"memory.limit_in_bytes": str(memory_bytes), "memory.memsw.limit_in_bytes": str(memory_bytes)}
-                    if v1
-                    else {"memory.max": str(memory_bytes), "memory.swap.max": "0"}
-                )
-                self._make(os.path.join(mem, name), limits)
-        except BaseException:
-            self.remove()
-            raise
+        pids, mem = pids_cgroup_root(), memory_cgroup_root()
+        if pids:
+            self._make(os.path.join(pids, name), {"pids.max": str(tasks)})
+        if mem:
+            v1 = os.path.exists(os.path.join(mem, "memory.limit_in_bytes"))
+            limits = (
+                {"memory.limit_in_bytes": str(memory_bytes), "memory.memsw.limit_in_bytes": str(memory_bytes)}
+                if v1
+                else {"memory.max": str(memory_bytes), "memory.swap.max": "0"}
+            )
+            self._make(os.path.join(mem, name), limits)
 
     def _make(self, path: str, limits: dict[str, str]) -> None:
-        if path not in self.paths:  # cgroup v2: one folder holds both controllers
-            os.mkdir(path)
+        """One controller's cgroup, or none when it cannot be made now (the hierarchy went away or is full):
+        the call then runs without that controller, bounded as where none is delegated."""
+        made = path not in self.paths  # cgroup v2: one folder holds both controllers
+        try:
+            if made:
+                os.mkdir(path)
+            for i, (key, value) in enumerate(limits.items()):
+                try:
+                    _write(os.path.join(path, key), value)
+                except OSError:
+                    if i == 0:
+                        raise
+                    # memsw / swap.max: absent or refused where swap is not accounted; nothing to cap then
+        except OSError:
+            if made:
+                _remove(path)
+            return
+        if made:
             self.paths.append(path)
-        for i, (key, value) in enumerate(limits.items()):
-            try:
-                _write(os.path.join(path, key), value)
-            except FileNotFoundError:
-                if i == 0:
-                    raise
-                # memsw / swap.max: absent where swap is not accounted, and then nothing to cap
 
     @classmethod
     def make(cls, tasks: int, memory_bytes: int) -> CallCgroup | None:
-        """The call's cgroups, or None where none is delegated or one cannot be made now (the hierarchy went
-        away or is full): the snippet then runs bounded by seccomp, the tmpfs caps and the rlimits."""
-        try:
-            group = cls(tasks, memory_bytes)
-        except OSError:
-            return None
+        """The call's cgroups, or None where none is delegated or none can be made now: the snippet then runs
+        bounded by seccomp, the tmpfs caps and the rlimits."""
+        group = cls(tasks, memory_bytes)
         return group if group.paths else None
-
-    @property
-    def memory_limited(self) -> bool:
-        return any(os.path.exists(os.path.join(p, f)) for p in self.paths for f in ("memory.max", "memory.stat"))
 
     def wrap(self, cmd: list[str]) -> list[str]:
         """`cmd`, started by a shell that first enters every cgroup of this call (exit 97 if it cannot)."""
