@@ -30,17 +30,18 @@ checker, which `eval`s them: calls with non-literal arguments never reach it.
 Time and memory: each backend call may take `call_timeout_s` of CPU time, the calls of one step together
 STEP_BUDGET times that, scoring SCORE_BUDGET times that (the runner has no limit; `power(base=10,
 exponent=10**7)` took 21 s). CPU time, not the wall clock, so whether a call near the limit runs does not depend
-on the machine's load (a call that waits without computing is stopped at bounded.WALL_FACTOR times the limit
-by the wall clock; BFCL's backends do not wait). A step's calls run only in a bounded copy of the backends
-(`bounded.run_bounded`: a fork of a small worker process that receives the backends pickled, with
-CALL_MEMORY_MB of memory to add), never in this process: the copy's results are the step's results and its
-backends, pickled back, become this rollout's (so a call that sets module state, such as mpmath's precision,
-changes nothing here). A call past its limit is stopped and reported, and the calls before it run once more in
-a second copy whose backends are kept (deterministic given their state, which the copy holds); only such a
-step runs its calls twice. The backends' pickled state is capped at MAX_STATE_BYTES (the largest entry starts
-at 20 KB): a step whose calls would grow it past that has no effect, so a step's cost stays bounded however
-long the episode. Scoring runs the checker in a bounded copy too; past its budget the episode fails
-(error_type "trace_rl:scoring"). Where fork is unavailable (not Linux or macOS), calls run here, unbounded.
+on the machine's load (a call that waits without computing is stopped at bounded.WALL_FACTOR times the limit by
+the wall clock, as is one left under a quarter of a core by the load; BFCL's backends do not wait). A step's
+calls run only in a bounded copy of the backends (`bounded.run_bounded`: a fork of a small worker process that
+receives the backends pickled, with CALL_MEMORY_MB of memory to add), never in this process: the copy's results
+are the step's results and its backends, pickled back, become this rollout's (so a call that sets module state,
+such as mpmath's precision, changes nothing here). A call past its limit is stopped and reported, and the calls
+before it run once more in a second copy whose backends are kept (deterministic given their state, which the
+copy holds); only such a step runs its calls twice. The backends' pickled state is capped at MAX_STATE_BYTES
+(the largest entry starts at 20 KB): a step whose calls would grow it past that has no effect, so a step's cost
+stays bounded however long the episode. Scoring runs the checker in a bounded copy too; past its budget the
+episode fails (error_type "trace_rl:scoring"). Where fork is unavailable (not Linux or macOS), calls run here,
+unbounded.
 
 No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
 backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by

@@ -85,7 +85,8 @@ def run_forked(
 
     cpu: the limits count the copy's CPU time, not the wall clock, so whether a function near the limit
     finishes does not depend on how loaded the machine is (read from /proc every POLL_S; where /proc is
-    missing, the wall clock); a copy that waits without using CPU is stopped at WALL_FACTOR times the limits.
+    missing, the wall clock); a copy that waits without using CPU, or that the load leaves under 1/WALL_FACTOR
+    of a core, is stopped at WALL_FACTOR times the limits by the wall clock.
     memory_mb: the copy may grow its address space by this much (RLIMIT_AS), then allocations fail."""
     r, w = os.pipe()
     with warnings.catch_warnings():  # 3.12+ warns on fork in a threaded process; the child runs pure Python only
