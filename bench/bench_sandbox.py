@@ -1,7 +1,7 @@
 """Per-call overhead of the sandbox: median wall time of N trivial snippets, weak (audit hook) vs strict
-(bubblewrap namespaces + seccomp, plus a pids cgroup where one is delegated to a root caller); and the
-overhead of BFCL's per-call time limit: median wall time of a one-call step (`call[pwd()]`, which runs on a
-forked copy first) next to the call made directly.
+(bubblewrap namespaces + seccomp, plus per-call cgroups where delegated and the launch chain); and the
+overhead of BFCL's per-call limits: median wall time of a one-call step (`call[pwd()]`, which runs only in a
+bounded copy) next to the call made directly.
 Run: PYTHONPATH=src python bench/bench_sandbox.py [N]"""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 import time
 import warnings
 
-from trace_rl.envs.sandbox import run_python, strict_unavailable
-from trace_rl.envs.sandbox_host import pids_cgroup_root
+from trace_rl.envs.sandbox import own_tmpfs, run_python, strict_unavailable
+from trace_rl.envs.sandbox_cgroup import memory_cgroup_root, pids_cgroup_root
 
 
 def median_ms(mode: str, n: int) -> float:
@@ -48,13 +48,17 @@ def main(n: int = 100) -> None:
     print(f"weak (audit hook): median {median_ms('weak', n):.1f} ms per call over {n} trivial snippets")
     why = strict_unavailable()
     if why is None:
-        cgroup = "with a pids cgroup per call" if pids_cgroup_root() else "no pids cgroup"
-        print(f"strict (bwrap + seccomp, {cgroup}): median {median_ms('strict', n):.1f} ms per call over {n} snippets")
+        parts = [
+            "pids cgroup" if pids_cgroup_root() else "no pids cgroup",
+            "memory cgroup" if memory_cgroup_root() else "no memory cgroup",
+            "launch chain (unshare, setpriv, own /tmp)" if own_tmpfs() else "bwrap run directly",
+        ]
+        print(f"strict (bwrap + seccomp, {', '.join(parts)}): median {median_ms('strict', n):.1f} ms per call")
     else:
         print(f"strict: unavailable here ({why})")
     if importlib.util.find_spec("bfcl_eval") is not None:
         step, direct = bfcl_step_ms(n)
-        print(f"bfcl: median {step:.2f} ms per one-call step (forked probe included), {direct:.3f} ms for the call")
+        print(f"bfcl: median {step:.2f} ms per one-call step (its bounded copy included), {direct:.3f} ms for the call")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ def garbage(tmp_path):
 
 CASES = [
     (["train", "env=qa", "env.retriever_url=notaurl"], "env.retriever_url"),
+    (["train", "env=qa", "env.retriever_url=http://127.0.0.1:{closed}/retrieve"], "env.retriever_url"),
+    (["eval", "env=qa", "env.retriever_url=http://127.0.0.1:{closed}/retrieve"], "env.retriever_url"),
     (["train", "predictor.warmup={garbage}"], "predictor.warmup"),
     (["train", "seed=-1"], "seed"),
     (["train", "logger="], "logger"),

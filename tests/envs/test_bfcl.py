@@ -234,7 +234,8 @@ def test_a_call_of_unbounded_cost_is_cut_off_at_the_step_and_at_scoring():
     start = time.monotonic()
     obs, _, done, info = env.step("Action: call[pwd(), power(base=10, exponent=1000000000), pwd()]")
     assert time.monotonic() - start < 10 and not done and not info["valid_action"]
-    assert "power ran past the 1 s limit" in obs and env.calls[0] == [["pwd()"]]  # the stopped call is not kept
+    assert "power ran past the 1 s limit of CPU time" in obs
+    assert env.calls[0] == [["pwd()"]]  # the stopped call is not kept
     # a call that would run long only at scoring (recorded here by hand) cannot hold the checker either
     env.calls[0].append(["power(base=10, exponent=1000000000)"])
     env.call_timeout_s = 0.2  # scoring's budget is SCORE_BUDGET (15) times this: 3 s rather than 15
@@ -244,3 +245,48 @@ def test_a_call_of_unbounded_cost_is_cut_off_at_the_step_and_at_scoring():
     assert verdict["error_type"] == "trace_rl:scoring" and "limit" in verdict["error_message"]
     with pytest.raises(ValueError, match="call_timeout_s"):
         BFCLEnv(call_timeout_s=0)
+
+
+def _math_entry() -> dict:
+    return next(e for e in load_bfcl("multi_turn_base") if "MathAPI" in e["involved_classes"])
+
+
+def test_calls_run_only_in_the_bounded_copy_and_its_result_is_the_result(monkeypatch):
+    import mpmath
+    from bfcl_eval.eval_checker.multi_turn_eval.func_source_code.math_api import MathAPI
+
+    def here(*args, **kwargs):
+        raise AssertionError("a BFCL call ran in the trainer's process")
+
+    env = BFCLEnv()
+    env.reset(_math_entry())
+    dps = mpmath.mp.dps
+    monkeypatch.setattr(MathAPI, "logarithm", here)  # this process only: the worker imports its own MathAPI
+    obs, *_ = env.step("Action: call[logarithm(value=1, base=1, precision=1000000000)]")
+    assert obs.startswith('{"error"') and mpmath.mp.dps == dps  # before, it left mp.dps = 1e9 here
+    assert env.step("Action: call[logarithm(value=8, base=2, precision=10)]")[0] == '{"result": "3.0"}'
+    # the copy's backends come back: a change one step makes is there at the next
+    env.reset(load_bfcl("multi_turn_base", limit=1)[0])
+    env.step("Action: call[mkdir(dir_name='made_in_the_copy')]")
+    assert "made_in_the_copy" in env.step("Action: call[ls()]")[0]
+
+
+def test_a_call_is_bounded_in_memory_as_well_as_time():
+    env = BFCLEnv()
+    env.reset(_math_entry())
+    obs, *_ = env.step("Action: call[square_root(number=2, precision=4000000000)]")
+    assert "ran out of memory" in obs or "was stopped" in obs  # before: 2 GB in the copy, then again here
+
+
+def test_the_backends_state_is_capped_so_a_step_costs_no_more_as_the_episode_grows(monkeypatch):
+    from trace_rl.envs import bfcl_env
+
+    monkeypatch.setattr(bfcl_env, "MAX_STATE_BYTES", 64 << 10)  # 1 MiB by default; the largest entry starts at 20 KB
+    env = BFCLEnv(steps_per_turn=50)
+    env.reset(load_bfcl("multi_turn_base", limit=1)[0])
+    before = env.step("Action: call[ls()]")[0]
+    touches = ", ".join(f"touch(file_name='{'f' * 200}{i}')" for i in range(400))
+    obs, _, _, info = env.step(f"Action: call[{touches}]")
+    assert "would grow the backends' state" in obs and not info["valid_action"]
+    assert env.step("Action: call[ls()]")[0] == before and env.calls[0] == [["ls()"], ["ls()"]]  # no effect
+    assert "error" not in env.step("Action: call[touch(file_name='one_more')]")[0].lower()

@@ -102,3 +102,45 @@ def test_a_worker_that_does_not_answer_within_the_bound_is_killed(monkeypatch):
     monkeypatch.setattr(bounded, "GRACE_S", -4.5)  # the caller gives up 0.5 s in, before the worker's own limit
     assert run_bounded(items, ([3.0],), 5.0) == ("timeout", None, 0)
     assert used[0].proc.poll() is not None and bounded._idle == []  # killed, not handed back
+
+
+def spin(tick, seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    tick()
+    return "spun"
+
+
+def allocate(tick, mb):
+    return len(bytearray(mb << 20))
+
+
+def test_a_cpu_time_limit_stops_a_busy_copy_and_a_waiting_one():
+    assert run_bounded(spin, (0.05,), 2.0, cpu=True) == ("ok", "spun", 1)
+    assert run_bounded(spin, (30.0,), 0.3, cpu=True)[0] == "timeout"  # CPU time: ends near 0.3 s however loaded
+    # a copy that waits uses no CPU: the wall clock stops it at WALL_FACTOR times the limit
+    assert run_bounded(items, ([30.0],), 0.2, cpu=True)[0] == "timeout"
+
+
+def test_a_memory_bound_makes_a_large_allocation_fail_in_the_copy():
+    assert run_bounded(allocate, (64,), 5.0, memory_mb=256) == ("ok", 64 << 20, 0)
+    status, message, _ = run_bounded(allocate, (2048,), 5.0, memory_mb=256)
+    assert status == "error" and message.startswith("MemoryError")
+
+
+WARM = [0]
+
+
+def warm_up():
+    WARM[0] += 1
+
+
+def read_warm(tick):
+    return WARM[0]
+
+
+def test_a_preload_function_runs_once_in_the_worker_before_it_forks():
+    first = run_bounded(read_warm, (), 5.0, preload=("test_bounded:warm_up",))
+    second = run_bounded(read_warm, (), 5.0, preload=("test_bounded:warm_up",))
+    assert first == second == ("ok", 1, 0) and WARM[0] == 0  # in the worker, once; never in this process

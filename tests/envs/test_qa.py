@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("bm25s")
 
-from trace_rl.envs.qa_env import QAEnv, exact_match, f1_score, normalize_answer  # noqa: E402
+from trace_rl.envs.qa_env import NO_HITS, QAEnv, exact_match, f1_score, normalize_answer  # noqa: E402
 from trace_rl.envs.retrieval import BM25Retriever, load_corpus, recall_at_k  # noqa: E402
 from trace_rl.envs.retrieval_server import RemoteRetriever, serve  # noqa: E402
 
@@ -102,3 +102,36 @@ def test_dense_retriever_with_a_tiny_local_encoder(tmp_path):
     assert hits[0][0][1] >= hits[0][1][1]  # sorted by similarity
     exact = r.search([passages[1].contents], k=1)[0][0][0]
     assert exact.title == "Steven Spielberg"  # a passage's own text is its nearest neighbour
+
+
+def test_a_query_with_no_hits_says_so(retriever):
+    env = QAEnv(retriever)
+    env.reset({"question": "q", "answer": "a"})
+    obs, _, done, info = env.step("Action: search[zebra quantum]")  # no passage shares a word with it
+    assert obs == NO_HITS and not done and info["no_hits"]
+
+
+def test_a_dead_retriever_stops_the_run_when_the_env_is_built_in_one_line():
+    from trace_rl.envs.registry import get_env
+    from trace_rl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:  # port 1: nothing listens
+        get_env("qa", retriever_url="http://127.0.0.1:1/retrieve")
+    message = str(err.value)
+    assert message.startswith("env.retriever_url: retriever at http://127.0.0.1:1/retrieve unreachable")
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match="env.retriever_url: retriever url must look like"):
+        get_env("qa", retriever_url="ftp://x")
+
+
+def test_a_live_retriever_passes_the_probe(retriever):
+    from trace_rl.envs.registry import get_env
+
+    server = serve(retriever, "127.0.0.1", 0)
+    try:
+        spec = get_env("qa", retriever_url=server.url)
+        env = spec.make()
+        env.reset({"question": "q", "answer": "a"})
+        assert env.step("Action: search[shark fish]")[0].startswith('"Shark"')
+    finally:
+        server.shutdown()

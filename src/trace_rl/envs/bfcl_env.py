@@ -27,16 +27,21 @@ the agent retry (those steps count towards the limit); the runner's decoder `eva
 in arguments, this environment refuses them. Only calls this environment executed are recorded for the
 checker, which `eval`s them: calls with non-literal arguments never reach it.
 
-Time: each backend call may take `call_timeout_s`, the calls of one step together STEP_BUDGET times that,
-scoring SCORE_BUDGET times that (the runner has no limit; `power(base=10, exponent=10**7)` took 21 s). A
-step's calls first run on a bounded copy of the backends (`bounded.run_bounded`: a fork of a small worker
-process that receives the backends pickled, so the copy's cost does not grow with this process's memory); a
-call past the limit is stopped there and reported, and only the calls before it then run here for real, each
-known to finish because the backends are deterministic given their state, which the copy holds. Scoring runs
-the checker in a bounded copy too; past its budget the episode fails (error_type "trace_rl:scoring"). The
-trade-off: one copy per step with calls and one per episode (a few milliseconds), and each call runs twice;
-bounding arguments instead would need a cost model of every backend function. Where fork is unavailable (not
-Linux or macOS), calls run unbounded.
+Time and memory: each backend call may take `call_timeout_s` of CPU time, the calls of one step together
+STEP_BUDGET times that, scoring SCORE_BUDGET times that (the runner has no limit; `power(base=10,
+exponent=10**7)` took 21 s). CPU time, not the wall clock, so whether a call near the limit runs does not depend
+on the machine's load (a call that waits without computing is stopped at bounded.WALL_FACTOR times the limit by
+the wall clock, as is one left under a quarter of a core by the load; BFCL's backends do not wait). A step's
+calls run only in a bounded copy of the backends (`bounded.run_bounded`: a fork of a small worker process that
+receives the backends pickled, with CALL_MEMORY_MB of memory to add), never in this process: the copy's results
+are the step's results and its backends, pickled back, become this rollout's (so a call that sets module state,
+such as mpmath's precision, changes nothing here). A call past its limit is stopped and reported, and the calls
+before it run once more in a second copy whose backends are kept (deterministic given their state, which the
+copy holds); only such a step runs its calls twice. The backends' pickled state is capped at MAX_STATE_BYTES
+(the largest entry starts at 20 KB): a step whose calls would grow it past that has no effect, so a step's cost
+stays bounded however long the episode. Scoring runs the checker in a bounded copy too; past its budget the
+episode fails (error_type "trace_rl:scoring"). Where fork is unavailable (not Linux or macOS), calls run here,
+unbounded.
 
 No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
 backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by
@@ -54,6 +59,7 @@ import importlib.util
 import inspect
 import itertools
 import json
+import pickle
 from pathlib import Path
 
 from .base import cap_observation, parse_action, tool_failure
@@ -63,6 +69,8 @@ STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT; BFCLE
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
 TOOLS = ("call", "done")
 STEP_BUDGET = 5  # the calls of one step together may take this many times call_timeout_s
+CALL_MEMORY_MB = 1024  # memory a step's calls (and scoring) may add in their copy: mpmath at 4e9 digits took 2 GB
+MAX_STATE_BYTES = 1 << 20  # the backends' pickled state (the largest entry starts at 20 KB): bounds a step's cost
 SCORE_BUDGET = 15  # and the checker's replay of an episode this many times
 _run_ids = itertools.count()
 _CHECKER = "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"
@@ -144,28 +152,58 @@ def _call_one(owner, name: str, kwargs: dict) -> str:
     try:
         out = getattr(owner, name)(**kwargs)
         return out if isinstance(out, str) else json.dumps(out, default=str)
+    except MemoryError:  # in its bounded copy: past CALL_MEMORY_MB
+        return f"Error during execution: the call ran out of memory (a step's calls may use {CALL_MEMORY_MB} MiB)"
     except Exception as err:  # noqa: BLE001
         return f"Error during execution: {err}"
 
 
-def _probe_calls(tick, instances: dict, calls: list[tuple[str, str, dict]]) -> None:
-    """Run in a bounded copy: the calls in order on the copy's backends (instances by class name), a tick each."""
+def _run_in_copy(tick, instances: dict, calls: list[tuple[str, str, dict]], cap: int) -> tuple[list[str], bytes | int]:
+    """Run in a bounded copy: the calls in order on the copy's backends (instances by class name), a tick each;
+    their results and the backends' state after them, pickled, or its size when past `cap` bytes."""
+    results = []
     for cls, name, kwargs in calls:
-        _call_one(instances[cls], name, kwargs)
+        results.append(_call_one(instances[cls], name, kwargs))
         tick()
+    state = pickle.dumps(instances, protocol=pickle.HIGHEST_PROTOCOL)
+    return results, state if len(state) <= cap else len(state)
 
 
-def _probe(instances: dict, calls: list, timeout_s: float) -> int | None:
-    """Run `calls` ((owner, name, kwargs, ...) each) in order on a copy of the backends; the index of the first
-    one that did not finish within `timeout_s` (or within the step's budget), or None when all did. The calls
-    then run here for real, each known to finish: the backends are deterministic given their state, which the
-    copy holds."""
+def _execute(instances: dict, calls: list, timeout_s: float) -> tuple[list[str], dict | None, str | None]:
+    """Run `calls` ((owner, name, kwargs, ...) each) in order in a bounded copy of the backends, the only place
+    they run: (the results of the calls that ran, the backends after them or None when unchanged, why the
+    rest did not run or None). A call past its limit stops the step; the calls before it then run again in a
+    second copy, whose state is kept (the backends are deterministic given their state, which the copy holds)."""
     if not calls:
-        return None
+        return [], None, None
     cls = {id(obj): key for key, obj in instances.items()}
     todo = [(cls[id(owner)], name, kwargs) for owner, name, kwargs, *_ in calls]
-    status, _, done = run_bounded(_probe_calls, (instances, todo), timeout_s, STEP_BUDGET * timeout_s)
-    return None if status == "ok" else done
+    bounds = {"cpu": True, "memory_mb": CALL_MEMORY_MB}
+    status, value, done = run_bounded(
+        _run_in_copy, (instances, todo, MAX_STATE_BYTES), timeout_s, STEP_BUDGET * timeout_s, **bounds
+    )
+    if status == "ok":
+        results, state = value
+        if isinstance(state, int):
+            return [], None, f"they would grow the backends' state to {state} bytes (at most {MAX_STATE_BYTES})"
+        return results, pickle.loads(state), None
+    name = todo[done][1] if status == "timeout" and done < len(todo) else None
+    why = (
+        f"the call to {name} ran past the {timeout_s:g} s limit of CPU time (the step's calls share "
+        f"{STEP_BUDGET * timeout_s:g} s) and was stopped"
+        if name
+        else f"they failed ({value})"
+        if status == "error"
+        else "they ran past the step's limit"
+    )
+    if not name or done == 0:
+        return [], None, why
+    status, value, _ = run_bounded(
+        _run_in_copy, (instances, todo[:done], MAX_STATE_BYTES), timeout_s, STEP_BUDGET * timeout_s, **bounds
+    )
+    if status != "ok" or isinstance(value[1], int):  # the prefix did not finish again: the step has no effect
+        return [], None, why
+    return value[0], pickle.loads(value[1]), why
 
 
 def _check(tick, calls: list, truth: list, entry: dict, category: str, name: str) -> dict:
@@ -295,26 +333,22 @@ class BFCLEnv:
             return f"Error: could not parse the calls ({str(err)[:200]}). Write: call[f(a=1), g(b='x')]", False
         plan = [self._decode(node) for node in nodes]  # (owner, name, kwargs, recorded string, note) or an error
         calls = [p for p in plan if not isinstance(p, str)]
-        # the first call that ran past the limit on a copy, or None
-        stopped = _probe(self.instances, calls, self.call_timeout_s)
-        results, strings, ok, ran = [], [], all(not isinstance(p, str) for p in plan), 0
+        outputs, state, stopped = _execute(self.instances, calls, self.call_timeout_s)
+        if state is not None:
+            self.instances = state
+        results, strings, ok, ran = [], [], stopped is None and len(calls) == len(plan), 0
         for item in plan:
             if isinstance(item, str):
                 results.append(item)
                 continue
-            owner, name, kwargs, string, note = item
-            if stopped is not None and ran >= stopped:
-                ok = False
-                if ran == stopped:
-                    budget = STEP_BUDGET * self.call_timeout_s
-                    results.append(
-                        f"Error: the call to {name} ran past the {self.call_timeout_s:g} s limit (or the step's "
-                        f"calls past {budget:g} s) and was stopped; it had no effect, the calls after it did not run"
-                    )
-                ran += 1
-                continue
-            strings.append(string)  # recorded for the checker only once it has run here
-            results.append(_call_one(owner, name, kwargs) + note)
+            _, name, _, string, note = item
+            if ran < len(outputs):
+                strings.append(string)  # recorded for the checker only once it has run
+                results.append(outputs[ran] + note)
+            elif ran == len(outputs) and stopped.startswith("the call to"):
+                results.append(f"Error: {stopped}; it had no effect, the calls after it did not run")
+            elif ran == len(outputs):
+                results.append(f"Error: the calls from {name} on did not run: {stopped}")
             ran += 1
         if strings:  # the runner drops steps that decode to no call
             self.calls[self.turn_index].append(strings)
@@ -368,7 +402,8 @@ class BFCLEnv:
         # the checker runs every recorded call and every ground-truth call again (milliseconds for a real episode)
         limit = SCORE_BUDGET * self.call_timeout_s
         args = (calls, truth, entry, self.task["category"], name)
-        status, verdict, _ = run_bounded(_check, args, limit, preload=(_CHECKER,))
+        bounds = {"cpu": True, "memory_mb": CALL_MEMORY_MB}
+        status, verdict, _ = run_bounded(_check, args, limit, preload=(_CHECKER,), **bounds)
         if status != "ok":
             what = f"ran past its {limit:g} s limit" if status == "timeout" else f"failed ({verdict})"
             verdict = {"valid": False, "error_type": "trace_rl:scoring", "error_message": f"scoring {what}"}

@@ -1,5 +1,5 @@
-"""A function run under a deadline in a forked copy of a small, long-lived worker process (BFCL's per-call
-time limit; standard library only).
+"""A function run under a deadline in a forked copy of a small, long-lived worker process (BFCL's calls and
+the math answer checker; standard library only).
 
 Why a worker: a fork copies the forking process's page tables, so its cost grows with that process's
 address space: a trainer with torch and a model loaded paid several times a bare process's cost per BFCL
@@ -9,11 +9,13 @@ and what the functions it runs need; each request forks the worker, not the call
 given, as a deep copy would.
 
 The guarantees are those of a fork of the caller: a per-item deadline (each `tick()` restarts it), a total
-bound, the caller survives a function that hangs or crashes (the copy is killed, the worker lives on), and
-the function's side effects die with the copy. What differs: the copy sees only its arguments and the
-worker's own module state, not the caller's; a value that cannot be pickled cannot be sent, and then the
-function runs on a fork of the caller as before (also when no worker can be started, or one fails).
-Where fork is unavailable (not Linux or macOS) the function runs here, unbounded.
+bound (by the wall clock, or with `cpu=True` by the copy's CPU time, which machine load does not change), an
+optional memory bound (`memory_mb`: RLIMIT_AS in the copy, over what it maps when forked), the caller survives
+a function that hangs or crashes (the copy is killed, the worker lives on), and the function's side effects
+die with the copy. What differs: the copy sees only its arguments and the worker's own module state, not the
+caller's; a value that cannot be pickled cannot be sent, and then the function runs on a fork of the caller as
+before (also when no worker can be started, or one fails). Where fork is unavailable (not Linux or macOS) the
+function runs here, unbounded.
 
 Workers: one per concurrent caller (environment steps run in a thread pool), started on first use (a new
 interpreter, tens of milliseconds) and reused. Each lives in its own session, so a terminal's Ctrl-C
@@ -41,14 +43,51 @@ from collections.abc import Callable
 from typing import Any
 
 GRACE_S = 30.0  # beyond the function's own bound: a worker's start and imports on a loaded machine
+POLL_S = 0.02  # how often a CPU-time limit is checked
+WALL_FACTOR = 4.0  # with a CPU-time limit: the wall-clock bound on a copy that waits instead of computing
 _HEAD = struct.Struct("<Q")  # each message: its length, then a pickle
 
 
-def run_forked(fn: Callable, timeout_s: float, total_s: float | None = None) -> tuple[str, Any, int]:
+def _cpu_s(pid: int) -> float | None:
+    """CPU time (user + system, all threads) the process has used, in seconds; None where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _limit_memory(memory_mb: int) -> None:
+    """RLIMIT_AS = this process's address space now + `memory_mb`: what the function may add, whatever the
+    process it was forked from already maps (a worker, or a trainer holding torch)."""
+    import resource
+
+    try:
+        with open("/proc/self/statm") as fh:
+            now = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return  # no /proc (macOS): time-bounded only
+    limit = now + (memory_mb << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def run_forked(
+    fn: Callable, timeout_s: float, total_s: float | None = None, *, cpu: bool = False, memory_mb: int | None = None
+) -> tuple[str, Any, int]:
     """`fn(tick)` in a forked copy of this process with a deadline: ("ok", value, ticks), ("timeout", None,
     ticks) or ("error", message, ticks). Each `tick()` the child makes restarts the deadline (a per-item limit)
     and is counted; `total_s` bounds the whole. The value comes back pickled; the copy's side effects die with
-    it."""
+    it.
+
+    cpu: the limits count the copy's CPU time, not the wall clock, so whether a function near the limit
+    finishes does not depend on how loaded the machine is (read from /proc every POLL_S; where /proc is
+    missing, the wall clock); a copy that waits without using CPU, or that the load leaves under 1/WALL_FACTOR
+    of a core, is stopped at WALL_FACTOR times the limits by the wall clock.
+    memory_mb: the copy may grow its address space by this much (RLIMIT_AS), then allocations fail."""
     r, w = os.pipe()
     with warnings.catch_warnings():  # 3.12+ warns on fork in a threaded process; the child runs pure Python only
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -57,6 +96,8 @@ def run_forked(fn: Callable, timeout_s: float, total_s: float | None = None) -> 
         try:
             os.close(r)
             try:
+                if memory_mb is not None:
+                    _limit_memory(memory_mb)
                 payload = pickle.dumps(("ok", fn(lambda: os.write(w, b"."))))
             except BaseException as err:  # noqa: BLE001
                 payload = pickle.dumps(("error", f"{type(err).__name__}: {str(err)[:200]}"))
@@ -65,22 +106,35 @@ def run_forked(fn: Callable, timeout_s: float, total_s: float | None = None) -> 
         finally:
             os._exit(0)
     os.close(w)
-    data, ticks, deadline = bytearray(), 0, time.monotonic() + timeout_s
-    end = time.monotonic() + (total_s if total_s is not None else float("inf"))
+    on_cpu = cpu and _cpu_s(pid) is not None
+    stretch = WALL_FACTOR if on_cpu else 1.0
+    total = total_s if total_s is not None else float("inf")
+    data, ticks, start = bytearray(), 0, time.monotonic()
+    item_wall, item_cpu = start, 0.0  # when the current item began, by the wall clock and in CPU time
     try:
         with selectors.DefaultSelector() as sel:
             sel.register(r, selectors.EVENT_READ)
             while True:
-                left = min(deadline, end) - time.monotonic()
-                if left <= 0 or not sel.select(left):
+                now = time.monotonic()
+                left = min(item_wall + stretch * timeout_s, start + stretch * total) - now
+                if on_cpu:
+                    used = _cpu_s(pid)
+                    if used is not None and (used - item_cpu > timeout_s or used > total):
+                        return "timeout", None, ticks
+                    left = min(left, POLL_S)
+                if left <= 0:
                     return "timeout", None, ticks
+                if not sel.select(left):
+                    continue
                 chunk = os.read(r, 1 << 16)
                 if not chunk:
                     break
                 if not data:  # still in the ticks: each one restarts the clock
                     head, bang, rest = chunk.partition(b"!")
                     ticks += len(head)
-                    deadline = time.monotonic() + timeout_s if head else deadline
+                    if head:
+                        item_wall = time.monotonic()
+                        item_cpu = (_cpu_s(pid) or 0.0) if on_cpu else 0.0
                     chunk = bang + rest
                 data += chunk
     finally:  # past the deadline, or done (it has written all and is exiting), or the caller was interrupted
@@ -95,21 +149,32 @@ def run_forked(fn: Callable, timeout_s: float, total_s: float | None = None) -> 
 
 
 def run_bounded(
-    fn: Callable, args: tuple, timeout_s: float, total_s: float | None = None, preload: tuple[str, ...] = ()
+    fn: Callable,
+    args: tuple,
+    timeout_s: float,
+    total_s: float | None = None,
+    preload: tuple[str, ...] = (),
+    *,
+    cpu: bool = False,
+    memory_mb: int | None = None,
 ) -> tuple[str, Any, int]:
-    """`fn(tick, *args)` under run_forked's deadlines and with its answer, run on a fork of a worker process.
-    `fn` must be a module-level function; `preload` names modules the worker imports once, before it forks
-    (what `fn` imports on its first call would otherwise be imported again in every copy)."""
+    """`fn(tick, *args)` under run_forked's deadlines (and its `cpu` and `memory_mb` bounds) and with its
+    answer, run on a fork of a worker process. `fn` must be a module-level function; `preload` names modules
+    the worker imports once, before it forks (what `fn` imports on its first call would otherwise be imported
+    again in every copy), and "module:function" a function it then calls once, to fill caches every copy
+    inherits."""
     if not hasattr(os, "fork"):
         return "ok", fn(lambda: None, *args), 0
+    bounds = {"cpu": cpu, "memory_mb": memory_mb}
     try:
-        request = pickle.dumps((fn, args, timeout_s, total_s, preload), protocol=pickle.HIGHEST_PROTOCOL)
+        request = pickle.dumps((fn, args, timeout_s, total_s, preload, bounds), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001 (state that cannot be pickled: fork this process, as before)
         request = None
     worker = _take() if request is not None and not _broken.is_set() else None
     if worker is not None:
         try:
-            reply = worker.ask(request, (total_s if total_s is not None else timeout_s) + GRACE_S)
+            bound = (total_s if total_s is not None else timeout_s) * (WALL_FACTOR if cpu else 1.0)
+            reply = worker.ask(request, bound + GRACE_S)
         except BaseException:  # interrupted mid-request: its answer must not reach the next caller
             worker.kill()
             raise
@@ -125,7 +190,7 @@ def run_bounded(
             if reply[0] != "unavailable":
                 return reply
     # no worker, or it cannot run this (it failed to import fn's module, say): fork this process instead
-    return run_forked(functools.partial(_call, fn, args), timeout_s, total_s)
+    return run_forked(functools.partial(_call, fn, args), timeout_s, total_s, **bounds)
 
 
 def _call(fn: Callable, args: tuple, tick: Callable) -> Any:
@@ -246,6 +311,7 @@ def serve() -> None:
     """The worker's loop: read a request, run it on a fork of this process, answer; exit when the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     inp, out = os.dup(0), os.dup(1)
+    warm: set[str] = set()
     null = os.open(os.devnull, os.O_RDWR)  # what the functions print must not reach the pipe
     os.dup2(null, 0)
     os.dup2(null, 1)
@@ -256,13 +322,18 @@ def serve() -> None:
         except EOFError:
             return
         try:
-            fn, args, timeout_s, total_s, preload = pickle.loads(body)
+            fn, args, timeout_s, total_s, preload, bounds = pickle.loads(body)
             for name in preload:
-                importlib.import_module(name)
+                if name not in warm:  # once per worker: every copy forked after it starts warm
+                    module, _, call = name.partition(":")
+                    loaded = importlib.import_module(module)
+                    if call:
+                        getattr(loaded, call)()
+                    warm.add(name)
         except Exception as err:  # noqa: BLE001 (this interpreter cannot run it: the caller forks itself)
             reply: tuple = ("unavailable", f"{type(err).__name__}: {str(err)[:200]}", 0)
         else:
-            reply = run_forked(functools.partial(_call, fn, args), timeout_s, total_s)
+            reply = run_forked(functools.partial(_call, fn, args), timeout_s, total_s, **bounds)
             del fn, args  # the state it was given goes with it
         try:
             payload = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)

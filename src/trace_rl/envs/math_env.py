@@ -1,17 +1,18 @@
 """Math with a Python tool: the agent may run code (`python[...]`) any number of turns, then `answer[...]`.
 
 Reward: math-verify's equivalence of the answer with the ground truth (LaTeX, fractions, sets, intervals...).
-math-verify times out with SIGALRM, which only works in the main thread; off the main thread we pass no
-timeout and cap the input length instead, so a worker thread never crashes on "signal only works in main
-thread". Code runs in `envs.sandbox`: `sandbox="strict"` (the default) in kernel namespaces, refused at
-construction where they are unavailable; `sandbox="weak"` is the in-process audit hook, chosen by name only.
+The check runs in a bounded copy of a small worker process (`envs.bounded`), limited in CPU time (CHECK_S) and
+memory (CHECK_MB), on whatever thread the step runs: math-verify's own timeout is SIGALRM, which works in the
+main thread only, and the engine's env workers are threads (an answer such as `10^{10^{10}}` kept one busy for
+minutes). A check past its limits scores 0 and says so in info["answer_check"]. Code runs in `envs.sandbox`:
+`sandbox="strict"` (the default) in kernel namespaces, refused at construction where they are unavailable;
+`sandbox="weak"` is the in-process audit hook, chosen by name only.
 """
 
 from __future__ import annotations
 
-import threading
-
 from .base import ToolEnv
+from .bounded import run_bounded
 from .sandbox import require, run_python
 
 TOOLS = ("python", "answer")
@@ -22,25 +23,51 @@ SYSTEM = (
     "Action: python[print(sum(range(1, 101)))]\nObservation: 5050\nAction: answer[5050]"
 )
 MAX_VERIFY_CHARS = 400
+CHECK_S = 5.0  # CPU seconds one answer check may take
+CHECK_MB = 768  # and memory it may add (sympy on a LaTeX bomb took 771 MiB and 12.7 s for 2^{2^{30}})
+
+
+def _verify(tick, pred_text: str, golds: list[str]) -> float:
+    """Run in a bounded copy, whose limits stop it, so math-verify's own (SIGALRM) timeouts are off."""
+    import logging
+
+    from math_verify import parse, verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call that its timeout is off
+
+    wrap = lambda s: s if "$" in s or "\\boxed" in s else f"${s}$"
+    pred = parse(wrap(pred_text), parsing_timeout=None)
+    for gold in golds:
+        g = parse(wrap(gold.strip()), parsing_timeout=None)
+        if g and pred and verify(g, pred, timeout_seconds=None):
+            return 1.0
+    return 0.0
+
+
+def warm_checker() -> None:
+    """Called once in each worker before it forks: math-verify's first check fills caches (compiled patterns,
+    sympy's) that took each cold copy about 120 ms; every copy forked after it inherits them."""
+    _verify(lambda: None, "1/2", ["0.5"])
+
+
+def check_answer(prediction: str, ground_truth) -> tuple[float, str]:
+    """(reward, how the check ended: "ok", "timeout" or "error: ..."); reward 1.0 when math-verify finds
+    `prediction` equivalent to any of the ground-truth forms. Bounded on any thread (see the module docstring)."""
+    golds = ground_truth if isinstance(ground_truth, (list, tuple)) else [ground_truth]
+    pred_text = str(prediction)[:MAX_VERIFY_CHARS]
+    if not pred_text.strip():
+        return 0.0, "ok"
+    args = (pred_text, [str(g) for g in golds])
+    warm = ("trace_rl.envs.math_env:warm_checker",)
+    status, value, _ = run_bounded(_verify, args, CHECK_S, preload=warm, cpu=True, memory_mb=CHECK_MB)
+    if status == "ok":
+        return float(value), "ok"
+    return 0.0, status if status == "timeout" else f"error: {value}"
 
 
 def math_reward(prediction: str, ground_truth) -> float:
     """1.0 when math-verify finds `prediction` equivalent to any of the ground-truth forms, else 0.0."""
-    from math_verify import parse, verify
-
-    golds = ground_truth if isinstance(ground_truth, (list, tuple)) else [ground_truth]
-    main = threading.current_thread() is threading.main_thread()
-    timeout = 5 if main else None
-    pred_text = str(prediction)[:MAX_VERIFY_CHARS]
-    if not pred_text.strip():
-        return 0.0
-    wrap = lambda s: s if "$" in s or "\\boxed" in s else f"${s}$"
-    pred = parse(wrap(pred_text), parsing_timeout=timeout)
-    for gold in golds:
-        g = parse(wrap(str(gold).strip()), parsing_timeout=timeout)
-        if g and pred and verify(g, pred, timeout_seconds=timeout):
-            return 1.0
-    return 0.0
+    return check_answer(prediction, ground_truth)[0]
 
 
 class MathEnv(ToolEnv):
@@ -63,7 +90,9 @@ class MathEnv(ToolEnv):
     def act(self, parsed) -> tuple[str, float, dict]:
         if parsed.tool == "answer":
             self.done = True
-            return "Submitted.", math_reward(parsed.argument, self.task["answer"]), {"valid_action": True}
+            reward, check = check_answer(parsed.argument, self.task["answer"])
+            info = {"valid_action": True} if check == "ok" else {"valid_action": True, "answer_check": check}
+            return "Submitted.", reward, info
         code = parsed.argument.strip().removeprefix("```python").removeprefix("```").removesuffix("```")
         res = run_python(code, self.timeout_s, self.memory_mb, self.max_output, mode=self.sandbox)
         return res.observation(), 0.0, {"valid_action": True, "sandbox_ok": res.ok}

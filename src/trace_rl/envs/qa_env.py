@@ -2,8 +2,10 @@
 
 Reward: exact match after the usual SQuAD normalisation (lower-case, no punctuation or articles, single
 spaces) against any accepted alias; F1 is reported in info. Search results are truncated per passage so a
-long corpus entry cannot flood the context. A retriever that fails (a server that is down, after the
-retriever's own retries) gives an observation saying the search failed; the episode goes on.
+long corpus entry cannot flood the context; a query that matches nothing says so. A remote retriever is probed
+when the env is built (`registry.get_env`: one that cannot be reached stops the run there, in one line); one
+that fails later (after the client's own retries) gives an observation saying the search failed, and the
+episode goes on.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ SYSTEM = (
 )
 
 
+NO_HITS = "No passage matches this query. Try other words, or answer."
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
@@ -81,4 +84,6 @@ class QAEnv(ToolEnv):
         except Exception as err:  # noqa: BLE001  a remote retriever that is down must not end the run
             msg = f"Error: the search failed ({type(err).__name__}: {str(err)[:200]}). Try again later or answer."
             return msg, 0.0, {"valid_action": True, "search_error": type(err).__name__}
+        if not hits:  # an empty observation would leave the agent guessing whether the search ran
+            return NO_HITS, 0.0, {"valid_action": True, "no_hits": True}
         return "\n".join(f'"{p.title}" {p.text[: self.max_chars]}' for p, _ in hits), 0.0, {"valid_action": True}

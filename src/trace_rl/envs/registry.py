@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import ConfigError
 from .calculator import RL_MIX as CALCULATOR_MIX
 from .data import data_root, load_tasks
 
@@ -69,6 +70,18 @@ def _qa_corpus_questions(name: str, limit: int | None) -> list[dict]:
     return out
 
 
+def _reachable(url: str):
+    """A RemoteRetriever for `url`, once a probe query got an answer: a dead or unreachable retriever stops the
+    run here, before any work, in one line (a run against it would score 0.000 with exit status 0)."""
+    from .retrieval_server import RemoteRetriever, RetrieverError
+
+    try:
+        RemoteRetriever(url, retries=1, backoff_s=0.5).search(["retriever probe"], 1)
+    except (ValueError, RetrieverError) as err:  # ValueError: a URL that is not http://host:port[/path]
+        raise ConfigError(f"env.retriever_url: {err}") from None
+    return RemoteRetriever(url)
+
+
 def get_env(
     name: str,
     corpus: str | None = None,
@@ -102,10 +115,9 @@ def get_env(
     if name == "qa":
         from .qa_env import QAEnv
         from .retrieval import BM25Retriever, load_corpus
-        from .retrieval_server import RemoteRetriever
 
         if retriever_url:
-            retriever = RemoteRetriever(retriever_url)
+            retriever = _reachable(retriever_url)
             benches = {b: (lambda n, b=b: load_tasks(b, n)) for b in ("hotpotqa", "2wiki", "musique", "bamboogle")}
         elif corpus:
             retriever = BM25Retriever(load_corpus(corpus))

@@ -16,37 +16,82 @@ or lock other clients out:
   requests instead of holding the search for its whole length; a request not answered within max_request_s
   (waiting included) gets 503, which clients retry. Send many queries in one request rather than many requests.
 - connections: a connection that sends no request head within idle_timeout_s is closed (uvicorn itself only
-  times out connections idle after a response), a body that does not arrive within body_timeout_s gets 408.
-  At max_connections a new connection closes the oldest idle one instead of being refused, so idle sockets
-  cannot lock anyone out; one client address holds at most max_connections_per_client, beyond which it gets
-  429 (on loopback every local process is one address, hence the generous default). Only when every
-  connection is busy with a request does a new one get 503.
+  times out connections idle after a response), a body that does not arrive within body_timeout_s (10 s)
+  gets 408. At max_connections, or at max_connections_per_client from one address (on loopback every local
+  process is one address), a new connection takes the place of the oldest idle one, else of the oldest one
+  still receiving its body (from the address holding most of those): so neither idle sockets nor clients
+  that send their bodies a byte at a time can lock anyone out. Only when every connection holds a whole
+  request in progress does a new one get 429 (its address's cap) or 503 (the total).
+- logs: uvicorn's and this module's records go through a bounded queue to a thread that writes stderr
+  (`_log_off_the_loop`), so a stderr nobody reads can never stall the server (records past the queue are
+  dropped); a client that disconnects mid-body is one line, not a traceback.
 serve() binds loopback addresses only unless allow_remote is set, as the server has no authentication.
 
-The client (RemoteRetriever) accepts the URL that Search-R1, verl and SkyRL configure
-(http://host:port/retrieve) or a bare http://host:port; it follows redirects (307/308 keep the POST; FastAPI
-answers /retrieve/ with one), retries connection errors, timeouts, 429 and 5xx with exponential backoff, then
-raises one RetrieverError; any other 4xx raises RetrieverError at once, with the server's message.
+The client, RemoteRetriever, lives in `envs.retrieval_client` (imported here too).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoint's annotations at runtime, and `Request`
 # is imported inside _app so that the client needs no FastAPI.
 import asyncio
 import collections
-import http.client
 import ipaddress
 import json
+import logging
+import logging.handlers
+import queue
 import socket
+import sys
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .retrieval import Passage, Retriever
+from .retrieval_client import RemoteRetriever, RetrieverError
+
+__all__ = ["RemoteRetriever", "RequestError", "RetrieverError", "RetrieverServer", "ServerLimits", "serve"]
+
+
+log = logging.getLogger(__name__)
+LOG_QUEUE = 1000  # log records waiting for stderr; past that they are dropped
+
+
+class _DropWhenFull(logging.handlers.QueueHandler):
+    """Hands records to a queue without waiting: when the queue is full the record is dropped and counted."""
+
+    def __init__(self, records: queue.Queue):
+        super().__init__(records)
+        self.dropped = 0
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
+
+
+_log_handler: _DropWhenFull | None = None
+_log_lock = threading.Lock()
+
+
+def _log_off_the_loop() -> _DropWhenFull:
+    """Route uvicorn's and this module's log records through a bounded queue that a thread writes to stderr.
+    A stderr that nobody reads (a pipe whose reader stopped) then blocks that thread only: the event loop never
+    waits on a log write, and records past LOG_QUEUE are dropped. Once per process; idempotent."""
+    global _log_handler
+    with _log_lock:
+        if _log_handler is None:
+            records: queue.Queue = queue.Queue(LOG_QUEUE)
+            stream = logging.StreamHandler(sys.stderr)
+            stream.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+            logging.handlers.QueueListener(records, stream).start()  # a daemon thread
+            _log_handler = _DropWhenFull(records)
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi", __name__):
+            logger = logging.getLogger(name)
+            logger.handlers[:] = [_log_handler]
+            logger.propagate = False
+            logger.setLevel(logging.WARNING)
+    return _log_handler
 
 
 @dataclass(frozen=True)
@@ -61,7 +106,7 @@ class ServerLimits:
     max_request_s: float = 30.0  # waiting for the search included
     search_chunk: int = 16  # queries searched per hold of the search lock
     idle_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
+    body_timeout_s: float = 10.0  # a client sends its body at once; a slow one holds a connection meanwhile
     keep_alive_s: float = 5.0
     max_connections: int = 256
     max_connections_per_client: int = 128
@@ -168,6 +213,7 @@ def _app(retriever: Retriever, limits: ServerLimits):
     from fastapi.concurrency import run_in_threadpool
     from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     lock = _FifoLock()
@@ -202,6 +248,10 @@ def _app(retriever: Retriever, limits: ServerLimits):
             await asyncio.wait_for(read(), limits.body_timeout_s)
         except asyncio.TimeoutError:
             raise RequestError(408, f"the body did not arrive within {limits.body_timeout_s} s") from None
+        except ClientDisconnect:  # gone (or shed for a new client) mid-body: one line, not a traceback
+            who = request.client.host if request.client else "a client"
+            log.warning("%s disconnected after %d of its request body's bytes", who, size)
+            raise RequestError(400, "the client disconnected before its body arrived") from None
         return b"".join(chunks)
 
     @app.post("/retrieve")
@@ -239,11 +289,15 @@ _REFUSED = {429: "Too Many Requests", 503: "Service Unavailable"}
 
 
 def _protocol(limits: ServerLimits):
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Protocol(H11Protocol):
         """uvicorn's h11 protocol, closing a connection whose next request head does not come in time, and
-        keeping the connection limits fair: idle connections make room for new ones, one address is capped."""
+        keeping the connection limits passable for a new client: at a limit, a new connection takes the place
+        of the oldest idle one, else of the oldest one still receiving its request body (a slow client, from
+        the address holding most such connections), and is refused only when every connection has a whole
+        request in progress."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
@@ -252,7 +306,7 @@ def _protocol(limits: ServerLimits):
             open_ = [c for c in self.connections if not c.transport.is_closing()]  # evicted ones may linger
             mine = [c for c in open_ if c.client and self.client and c.client[0] == self.client[0]]
             if len(mine) > limits.max_connections_per_client and not self._evict(mine):
-                self._refuse(429, f"this address holds {limits.max_connections_per_client} connections already")
+                self._refuse(429, f"this address holds {limits.max_connections_per_client} busy connections; retry")
             elif len(open_) > limits.max_connections and not self._evict(open_):
                 self._refuse(503, "every connection is busy; retry")
 
@@ -264,12 +318,27 @@ def _protocol(limits: ServerLimits):
         def idle(self) -> bool:  # no request in progress: between requests, or its head not yet complete
             return (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing()
 
+        def receiving(self) -> bool:  # its request's head came, its body is still coming
+            return (
+                self.cycle is not None
+                and not self.cycle.response_complete
+                and self.conn.their_state is h11.SEND_BODY
+                and not self.transport.is_closing()
+            )
+
         def _evict(self, among: list) -> bool:
-            """Close the oldest idle connection among `among` (not this one); False when none is idle."""
-            idle = [c for c in among if c is not self and c.idle()]
-            if not idle:
+            """Close the oldest idle connection among `among` (not this one), else the oldest still receiving
+            its body from the address that has most of those; False when neither exists."""
+            others = [c for c in among if c is not self]
+            victims = [c for c in others if c.idle()]
+            if not victims:
+                slow = [c for c in others if c.receiving()]
+                counts = collections.Counter(c.client[0] if c.client else None for c in slow)
+                top = max(counts, key=counts.__getitem__, default=None)
+                victims = [c for c in slow if (c.client[0] if c.client else None) == top]
+            if not victims:
                 return False
-            min(idle, key=lambda c: c.opened).transport.close()
+            min(victims, key=lambda c: c.opened).transport.close()
             return True
 
         def _refuse(self, status: int, message: str) -> None:
@@ -336,10 +405,12 @@ def serve(
         raise ValueError(f"port must be an integer in 0..65535, got {port!r}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)
+    _log_off_the_loop()
     config = uvicorn.Config(
         _app(retriever, limits),
         http=_protocol(limits),
         lifespan="off",
+        log_config=None,  # _log_off_the_loop's handlers stay: uvicorn's own would write to stderr from the loop
         log_level="warning",
         access_log=False,
         timeout_keep_alive=limits.keep_alive_s,
@@ -358,90 +429,3 @@ def serve(
         sock.close()
         raise RuntimeError(f"the retriever server did not start on {host}:{port}")
     return RetrieverServer(server, thread, sock.getsockname()[:2])
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
-        return None  # the redirect reaches the caller as an HTTPError carrying its Location
-
-
-class RetrieverError(RuntimeError):
-    """The retriever could not answer: unreachable after the retries, or it refused the request."""
-
-
-class RemoteRetriever:
-    """Client for a /retrieve server (this package's, Search-R1's, or one of its derivatives)."""
-
-    def __init__(self, url: str, timeout_s: float = 10.0, retries: int = 3, backoff_s: float = 0.5):
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"retriever url must look like http://host:port/retrieve, got {url!r}")
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
-        if timeout_s <= 0 or backoff_s < 0:
-            raise ValueError(f"timeout_s must be positive and backoff_s non-negative, got {timeout_s}, {backoff_s}")
-        path = parts.path if parts.path not in ("", "/") else "/retrieve"  # a bare host:port means the default path
-        self.url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
-        self.timeout_s, self.retries, self.backoff_s, self.passages = timeout_s, retries, backoff_s, []
-        self._opener = urllib.request.build_opener(_NoRedirect)  # _open follows them, keeping the POST
-
-    def _open(self, body: bytes, headers: dict):
-        """POST to the URL, following up to 5 redirects; urllib follows none for a POST, though Search-R1's,
-        verl's and SkyRL's clients (requests, aiohttp) follow 307/308 with the same POST."""
-        url = self.url
-        for _ in range(5):
-            try:
-                return self._opener.open(urllib.request.Request(url, body, headers), timeout=self.timeout_s)
-            except urllib.error.HTTPError as err:
-                location = err.headers.get("Location") if err.code in (307, 308) else None
-                if not location:
-                    raise
-                err.close()
-                url = urllib.parse.urljoin(url, location)
-                if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
-                    raise RetrieverError(f"retriever at {self.url} redirected to {url}, not an http URL") from None
-        raise RetrieverError(f"retriever at {self.url} redirected more than 5 times (last to {url})")
-
-    def _post(self, payload: dict) -> dict:
-        body = json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        last = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            try:
-                with self._open(body, headers) as r:
-                    return json.loads(r.read())
-            except urllib.error.HTTPError as err:
-                detail = err.read()[:300].decode("utf-8", "replace")
-                if err.code < 500 and err.code != 429:  # 429: too many connections from here for now
-                    raise RetrieverError(
-                        f"retriever at {self.url} refused the request ({err.code}): {detail}"
-                    ) from None
-                last = f"HTTP {err.code}: {detail}"
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as err:  # OSError: timeouts, resets
-                last = f"{type(err).__name__}: {getattr(err, 'reason', err)}"
-            except ValueError as err:  # a 200 whose body is not JSON: not worth retrying
-                raise RetrieverError(f"retriever at {self.url} sent a response that is not JSON: {err}") from None
-        raise RetrieverError(f"retriever at {self.url} unreachable after {self.retries + 1} attempts; last: {last}")
-
-    def search(self, queries: Sequence[str], k: int = 3) -> list[list[tuple[Passage, float]]]:
-        queries = list(queries)
-        if not queries:
-            return []
-        result = self._post({"queries": queries, "topk": k, "return_scores": True}).get("result")
-        if not isinstance(result, list) or len(result) != len(queries):
-            raise RetrieverError(f"retriever at {self.url} sent no result list of {len(queries)} entries")
-        try:
-            return [[_hit(h) for h in hits] for hits in result]
-        except (AttributeError, TypeError, ValueError) as err:
-            raise RetrieverError(f"retriever at {self.url} sent hits in an unknown layout: {err}") from None
-
-
-def _hit(h: dict) -> tuple[Passage, float]:
-    doc = h.get("document", h)
-    contents = doc.get("contents")
-    if contents is None:  # servers that send title and text only
-        contents = f'"{doc.get("title", "")}"\n{doc.get("text", "")}'
-    title, _, text = str(contents).partition("\n")
-    return Passage(str(doc.get("id", "")), title.strip('"'), text), float(h.get("score", 0.0))

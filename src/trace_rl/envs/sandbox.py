@@ -3,22 +3,28 @@ namespaces are unavailable and the user opts in by name, by an audit hook inside
 
 strict (bubblewrap + a seccomp filter built with libseccomp, `envs.seccomp`) covers, for every call:
 - processes: a new PID namespace whose pid 1 is the snippet itself (no host process is visible, so none can
-  be signalled or traced; killing it ends the namespace), a new session, die-with-parent; the seccomp filter
-  refuses every way to a second process (fork, vfork, clone without CLONE_THREAD, clone3), so the snippet
-  stays the only one; threads work and are bounded by RLIMIT_NPROC (NPROC) when the caller is not root, and
-  by a per-call pids cgroup when the caller is root and the host delegates one (`envs.sandbox_host`);
+  be signalled or traced; killing it ends the namespace), a new session, and a parent-death signal that a
+  caller killed at any instant cannot lose (the launch chain, `_launch`: set before bwrap starts and checked
+  against the caller's pid); the seccomp filter refuses every way to a second process (fork, vfork, clone
+  without CLONE_THREAD, clone3), so the snippet stays the only one; threads work and are bounded by
+  RLIMIT_NPROC (NPROC) when the caller is not root, and by a per-call pids cgroup when the caller is root and
+  the host delegates one (`envs.sandbox_cgroup`);
 - memory: RLIMIT_AS, plus the seccomp filter refusing what RLIMIT_AS does not count (SysV shared memory,
-  message queues and semaphores, POSIX message queues, memfd files) and a new IPC namespace per call;
+  message queues and semaphores, POSIX message queues, memfd files) and kernel objects no limit counts
+  (extended attributes, inotify and fanotify), a new IPC namespace per call, an inode limit on /tmp
+  (TMPFS_INODES: files and folders are kernel memory its byte size misses), and where the host delegates
+  one, a per-call memory cgroup of RLIMIT_AS + TMPFS_MB + KERNEL_MB that counts kernel memory too;
 - network: a new network namespace with loopback only, and socket()/socketpair() refused for every family
   but AF_UNIX: no connection and no DNS lookup leaves the sandbox;
 - files: a new mount namespace holding only an allow-list, read-only: /usr and the /lib, /bin links, the
   dynamic loader's files from /etc, the interpreter's prefixes (venv and base) with every site-packages
   folder replaced by one that holds only TOOL_PACKAGES (numpy, sympy, mpmath and numpy's bundled libraries),
-  a minimal /dev, the root and /dev remounted read-only, no /proc and no /sys at all, and a size-capped tmpfs
-  at /tmp as the only writable place and working directory; so /etc/shadow, /root's contents, the trainer's
-  packages and the rest of the host's files are absent, not merely refused. Visible, read-only: /usr (system
-  Python packages under /usr/lib/python3 included when the interpreter is not the system one, since /usr is
-  bound whole), the standard library, the interpreter's bin/include/share folders, pyvenv.cfg;
+  a minimal /dev, the root and /dev remounted read-only, no /proc and no /sys at all, and a tmpfs capped in
+  bytes and inodes at /tmp as the only writable place and working directory; so /etc/shadow, /root's
+  contents, the trainer's packages and the rest of the host's files are absent, not merely refused.
+  Visible, read-only: /usr (system Python packages under /usr/lib/python3 included when the interpreter is
+  not the system one, since /usr is bound whole), the standard library, the interpreter's bin/include/share
+  folders, pyvenv.cfg;
 - identity and secrets: uid/gid 65534 inside a new user namespace, no capabilities, no_new_privs, an
   environment of a few fixed variables, and no /proc to read another process's environment from;
 - limits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, no core files, set before
@@ -29,11 +35,16 @@ strict (bubblewrap + a seccomp filter built with libseccomp, `envs.seccomp`) cov
   caller left behind are swept by the next process's first call.
 Not covered: a kernel bug reachable through the syscalls that remain allowed (a VM or gVisor is the answer
 to that); the wall-clock time and CPU the snippet may use up to its limits; host memory outside RLIMIT_AS
-that stays small and capped: tmpfs pages (up to TMPFS_MB), pipe and socket buffers (NOFILE descriptors),
-kernel memory per thread; reads of the allow-listed files. When the caller is root, the uid inside maps to
-root outside: files of the allow-list that only root may read are readable, and without a delegated pids
-cgroup the number of threads is bounded only by RLIMIT_AS (their stacks) and the wall clock; /proc and /sys
-are left out because root-owned entries there (sysctls) would be writable.
+that stays small and capped: tmpfs pages (up to TMPFS_MB) and inodes (TMPFS_INODES), pipe and socket
+buffers (NOFILE descriptors), kernel memory per thread, negative dentries (reclaimable) from lookups of
+missing names; reads of the allow-listed files. Where util-linux's unshare and setpriv are missing or user
+namespaces do not nest (`own_tmpfs()` False), bwrap runs directly: its /tmp is capped in bytes only, and
+its --die-with-parent, set by bwrap itself once it runs, is lost when the caller dies in its first
+milliseconds (the next process's sweep then ends what runs in a per-call cgroup, where there is one).
+When the caller is root, the uid inside maps to root outside: files of the allow-list that only root may read
+are readable, and without a delegated pids cgroup the number of threads is bounded only by RLIMIT_AS (their
+stacks) and the wall clock; /proc and /sys are left out because root-owned entries there (sysctls) would be
+writable.
 
 weak (`sandbox="weak"`, warns once per process) runs the child with the same rlimits, wall clock and
 incremental output cap, and a PEP 578 audit hook that refuses writes outside a temporary directory, process
@@ -57,57 +68,46 @@ import tempfile
 import textwrap
 import time
 import warnings
-from dataclasses import dataclass
 
 from . import seccomp
-from .sandbox_host import TMP_PREFIX, PidsCgroup, collect, sweep_stale
+from .sandbox_cgroup import CallCgroup
+from .sandbox_host import (
+    ENV,
+    FSIZE_MB,
+    NOFILE,
+    TMP_PREFIX,
+    SandboxResult,
+    finish,
+    signal_meaning,
+    sweep_stale,
+    write_code,
+)
+
+__all__ = [
+    "MODES",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "check_mode",
+    "own_tmpfs",
+    "require",
+    "run_python",
+    "signal_meaning",
+    "strict_unavailable",
+]
 
 MODES = ("strict", "weak")
 TMPFS_MB = 64  # the only writable place inside; its pages are host memory
-FSIZE_MB = 16
-NOFILE = 64
+TMPFS_INODES = 4096  # files and folders in it: each costs the host about 1 KiB of kernel memory the size misses
+KERNEL_MB = 64  # a memory cgroup's room beyond RLIMIT_AS and the tmpfs: page tables, pipes, slab
 NPROC = 64
 # What a math snippet may import beyond the standard library; every other installed package stays invisible.
 TOOL_PACKAGES = ("numpy", "sympy", "mpmath")
 UID = 65534  # nobody
 CODE_PATH = "/code/main.py"
-_ENV = {
-    "PATH": "/usr/bin:/bin",
-    "HOME": "/tmp",
-    "TMPDIR": "/tmp",
-    "LANG": "C.UTF-8",
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
 
 
 class SandboxUnavailable(RuntimeError):
     """The strict sandbox cannot run here; the message says why and how to opt into the weak mode."""
-
-
-@dataclass
-class SandboxResult:
-    stdout: str
-    stderr: str
-    returncode: int | None
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
-
-    def observation(self) -> str:
-        """What the agent sees: output, or the error's last line, or what stopped the run."""
-        if self.timed_out:
-            return f"Error: the code ran past the time limit and was stopped.\n{self.stdout}".strip()
-        if self.returncode not in (0, None):
-            lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
-            last = lines[-1] if lines else f"exit status {self.returncode}"
-            if self.returncode < 0:
-                last = f"killed by signal {-self.returncode} (memory or CPU limit?)"
-            return f"{self.stdout}\nError: {last}".strip()
-        return self.stdout.strip() or "(no output; use print() to see values)"
 
 
 def check_mode(mode: str) -> str:
@@ -152,11 +152,12 @@ def _tool_package_paths(site_dir: str) -> list[str]:
 
 
 @functools.cache
-def _bwrap_base() -> tuple[str, ...]:
+def _bwrap_base() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """bwrap's arguments before the call's /tmp and after it (the call's /tmp goes between: see below)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
-    args = [
+    head = [
         bwrap,
         "--unshare-all",
         "--unshare-user",
@@ -178,28 +179,29 @@ def _bwrap_base() -> tuple[str, ...]:
     ]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):  # merged /usr: keep the link
-            args += ["--symlink", os.readlink(top), top]
+            head += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
+            head += ["--ro-bind", top, top]
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
-        args += ["--ro-bind-try", etc, etc]
-    # the tmpfs first: a mount made later covers what lies under it, and the interpreter may live under /tmp
-    # (a venv in a temporary checkout), which must stay visible, read-only, inside the writable /tmp
-    args += ["--dev", "/dev", "--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp"]
+        head += ["--ro-bind-try", etc, etc]
+    head += ["--dev", "/dev"]
+    # the call's /tmp comes first: a mount made later covers what lies under it, and the interpreter may live
+    # under /tmp (a venv in a temporary checkout), which must stay visible, read-only, inside the writable /tmp
+    tail: list[str] = []
     for d in _python_dirs():
-        args += ["--ro-bind", d, d]
+        tail += ["--ro-bind", d, d]
     # every site-packages folder is replaced by an empty tmpfs holding only the tool's packages, then made
     # read-only: the snippet imports numpy/sympy/mpmath, not the trainer's stack (torch, transformers, this
     # project's own source through its editable install)
     for site_dir in _site_dirs():
-        args += ["--tmpfs", site_dir]
+        tail += ["--tmpfs", site_dir]
         for path in _tool_package_paths(site_dir):
-            args += ["--ro-bind", path, path]
-        args += ["--remount-ro", site_dir]
-    args += ["--chdir", "/tmp"]
-    for key, value in _ENV.items():
-        args += ["--setenv", key, value]
-    return tuple(args)
+            tail += ["--ro-bind", path, path]
+        tail += ["--remount-ro", site_dir]
+    tail += ["--chdir", "/tmp"]
+    for key, value in ENV.items():
+        tail += ["--setenv", key, value]
+    return tuple(head), tuple(tail)
 
 
 # Runs inside before the snippet: the limits first, then the snippet as __main__. The snippet cannot undo a
@@ -218,10 +220,18 @@ _PROLOGUE = textwrap.dedent(
 ) % (FSIZE_MB << 20, NOFILE, NPROC, CODE_PATH)
 
 
-def _strict_command(code_file: str, seccomp_fd: int, info_fd: int, timeout_s: float, memory_mb: int) -> list[str]:
+def _strict_command(
+    code_file: str, seccomp_fd: int, info_fd: int, timeout_s: float, memory_mb: int, own_tmp: str | None
+) -> list[str]:
+    """bwrap's command; /tmp is `own_tmp` (a tmpfs the launcher mounts there, see `_launch`) or, without one,
+    bwrap's own tmpfs (size-capped, but with the kernel's default inode limit: half the machine's pages)."""
+    head, tail = _bwrap_base()
+    tmp = ["--bind", own_tmp, "/tmp"] if own_tmp else ["--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp"]
     # the root and /dev are tmpfs mounts bwrap makes; read-only once everything is mounted on them
     return [
-        *_bwrap_base(),
+        *head,
+        *tmp,
+        *tail,
         "--info-fd",
         str(info_fd),
         "--ro-bind",
@@ -246,6 +256,38 @@ def _strict_command(code_file: str, seccomp_fd: int, info_fd: int, timeout_s: fl
     ]
 
 
+# The launch chain, where util-linux's unshare and setpriv are installed and user namespaces nest: unshare makes
+# a user and mount namespace of its own (root inside, mapped to the caller), setpriv sets the parent-death
+# signal (after unshare: a change of credentials clears it), then a shell checks that the caller is still its
+# parent (a caller killed before setpriv ran would otherwise leave the chain running with no one to end it),
+# mounts /tmp's tmpfs with a size and an inode limit (bwrap can set the former only), and execs bwrap. Each
+# step execs the next, so the caller's child is bwrap itself, and bwrap's --die-with-parent keeps the signal.
+_LAUNCH_SH = '[ "$PPID" = "$1" ] || exit 97; mount -t tmpfs -o "$2" tmpfs "$3" || exit 97; shift 3; exec "$@"'
+LAUNCHER_FAILED = 97  # the chain's own exit status: the caller was gone, or the tmpfs could not be mounted
+
+
+def _launch(cmd: list[str], own_tmp: str) -> list[str]:
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    options = f"size={TMPFS_MB}m,nr_inodes={TMPFS_INODES},mode=0755,nosuid,nodev"
+    return [
+        *(unshare, "--user", "--map-root-user", "--mount", "--"),
+        *(setpriv, "--pdeathsig", "KILL", "--"),
+        *("/bin/sh", "-c", _LAUNCH_SH, "sh", str(os.getpid()), options, own_tmp),
+        *cmd,
+    ]
+
+
+@functools.cache
+def own_tmpfs() -> bool:
+    """Whether calls run through the launch chain above (an inode-capped /tmp and a parent-death signal that a
+    caller killed at any instant cannot lose); else bwrap runs directly: its --die-with-parent is set by bwrap
+    itself, after it starts, so a caller killed within its first milliseconds leaves it running, and its
+    /tmp is capped in bytes but not in inodes. Checked once per process by a trial run."""
+    if not (shutil.which("unshare") and shutil.which("setpriv")):
+        return False
+    return _run_strict("print('ok')", 20.0, 256, 400, own=True).stdout.strip() == "ok"
+
+
 @functools.cache
 def strict_unavailable() -> str | None:
     """Why the strict sandbox cannot run here, or None when it can (checked once per process by a trial run)."""
@@ -258,7 +300,9 @@ def strict_unavailable() -> str | None:
         return str(err)
     except (OSError, AttributeError) as err:
         return f"libseccomp is not usable ({err})"
-    res = _run_strict("print('ok')", 20.0, 256, 400)
+    if own_tmpfs():
+        return None
+    res = _run_strict("print('ok')", 20.0, 256, 400, own=False)
     if res.stdout.strip() != "ok":
         why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
         return f"bwrap could not set up the namespaces ({why})"
@@ -291,28 +335,6 @@ def require(mode: str) -> str:
 
 
 # -- running and reading ------------------------------------------------------------------------------------------
-def _finish(proc: subprocess.Popen, deadline: float, max_output: int, kill) -> SandboxResult:
-    try:
-        out, err, timed_out = collect(proc, deadline, 4 * max_output)
-    finally:
-        kill()
-        proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
-    code = proc.returncode
-    if code is not None and code > 128 and not err.total:  # bwrap reports a child killed by signal N as 128+N
-        code = 128 - code
-    return SandboxResult(out.text(max_output), err.text(max_output), None if timed_out else code, timed_out)
-
-
-def _write_code(work: str, code: str) -> str:
-    path = os.path.join(work, "main.py")
-    with open(path, "wb") as fh:  # surrogatepass: model text may hold lone surrogates; Python reports them inside
-        fh.write(code.encode("utf-8", "surrogatepass"))
-    os.chmod(path, 0o644)
-    return path
-
-
 def _read_child_pid(info_fd: int, deadline: float) -> int | None:
     """The sandbox's host pid from bwrap's --info-fd JSON, written right after the namespaces are made."""
     data = b""
@@ -329,25 +351,32 @@ def _read_child_pid(info_fd: int, deadline: float) -> int | None:
         return None
 
 
-def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int) -> SandboxResult:
+def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int, own: bool | None = None) -> SandboxResult:
     program = seccomp.program()
+    own = own_tmpfs() if own is None else own
     with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as work:
         os.chmod(work, 0o755)
-        script = _write_code(work, code)
+        script = write_code(work, code)
+        own_tmp = os.path.join(work, "tmp") if own else None
+        if own_tmp:
+            os.mkdir(own_tmp)  # the mount point; the tmpfs on it lives in the chain's mount namespace only
         seccomp_r, seccomp_w = os.pipe()
         info_r, info_w = os.pipe()
         try:
             os.write(seccomp_w, program)  # a few hundred bytes: fits the pipe buffer, so no reader is needed yet
             os.close(seccomp_w)
-            cmd = _strict_command(script, seccomp_r, info_w, timeout_s, memory_mb)
-            cgroup = PidsCgroup.make(NPROC)
+            cmd = _strict_command(script, seccomp_r, info_w, timeout_s, memory_mb, own_tmp)
+            if own_tmp:
+                cmd = _launch(cmd, own_tmp)
+            # what the call may hold in all: its address space, its tmpfs, and what the kernel keeps for it
+            cgroup = CallCgroup.make(NPROC, (memory_mb + TMPFS_MB + KERNEL_MB) << 20)
             if cgroup is not None:
                 cmd = cgroup.wrap(cmd)
             start = time.monotonic()
             try:
                 proc = subprocess.Popen(
                     cmd,
-                    env=dict(_ENV),
+                    env=dict(ENV),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -385,88 +414,12 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int) ->
                 proc.kill()  # die-with-parent takes the namespace down with it
 
         try:
-            return _finish(proc, start + timeout_s, max_output, kill)
+            return finish(proc, start + timeout_s, max_output, kill)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
             if cgroup is not None:
                 cgroup.remove()
-
-
-# -- weak: the audit hook -----------------------------------------------------------------------------------------
-_GUARD = textwrap.dedent(
-    """
-    import os as _os, sys as _sys
-    _ROOT = _os.path.realpath(_os.getcwd())
-    _BLOCK = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.Popen",
-              "socket.__new__", "socket.connect", "socket.bind", "pty.spawn"}
-    _PREFIXES = tuple({_os.path.realpath(p) for p in (_sys.prefix, _sys.base_prefix)})
-    _PATHS = {"os.remove": 0, "os.rename": 0, "os.rmdir": 0, "os.mkdir": 0, "os.chmod": 0, "os.symlink": 1,
-              "os.link": 1, "os.truncate": 0, "os.chown": 0, "shutil.rmtree": 0, "os.utime": 0}
-    def _inside(p, _os=_os, _ROOT=_ROOT):
-        try:
-            p = _os.fsdecode(p) if not isinstance(p, int) else None
-        except Exception:
-            return False
-        return p is None or _os.path.realpath(p).startswith(_ROOT + _os.sep) or _os.path.realpath(p) == _ROOT
-    def _hook(event, args, _os=_os, _inside=_inside, _BLOCK=_BLOCK, _PATHS=_PATHS, _PREFIXES=_PREFIXES):
-        if event in _BLOCK:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "ctypes.dlopen" and args[0] is not None and not (
-                isinstance(args[0], str) and _os.path.realpath(args[0]).startswith(_PREFIXES)):
-            raise PermissionError(f"sandbox: loading {args[0]} is not allowed")
-        if event == "open" and len(args) > 1:
-            mode, flags = args[1], args[2] if len(args) > 2 else 0
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & (
-                _os.O_WRONLY | _os.O_RDWR | _os.O_CREAT
-            )
-            if writes and not _inside(args[0]):
-                raise PermissionError(f"sandbox: writing outside the working directory is not allowed: {args[0]}")
-        elif event in _PATHS and not _inside(args[_PATHS[event]]):
-            raise PermissionError(f"sandbox: {event} outside the working directory is not allowed")
-    _sys.addaudithook(_hook)
-    del _hook, _inside, _BLOCK, _PATHS, _ROOT, _PREFIXES
-    """
-)
-
-
-def _weak_limits(memory_mb: int, cpu_s: int) -> None:
-    import resource
-
-    mem = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_MB << 20, FSIZE_MB << 20))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
-    try:  # ignored for root, effective otherwise
-        resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    except (ValueError, OSError):
-        pass
-
-
-def _run_weak(code: str, timeout_s: float, memory_mb: int, max_output: int) -> SandboxResult:
-    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as work:
-        script = _write_code(work, _GUARD + "\ndel _os, _sys\n" + code)
-        env = {**_ENV, "HOME": work, "TMPDIR": work}
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", "-X", "utf8", script],
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=lambda: _weak_limits(memory_mb, int(timeout_s) + 1),  # noqa: PLW1509  (weak mode only)
-        )
-
-        def kill() -> None:  # the whole group: what the code started goes too, unless it left the group
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-        return _finish(proc, start + timeout_s, max_output, kill)
 
 
 def run_python(
@@ -478,5 +431,8 @@ def run_python(
     """
     require(mode)
     sweep_stale()
-    run = _run_strict if mode == "strict" else _run_weak
-    return run(code, timeout_s, memory_mb, max_output)
+    if mode == "weak":
+        from .sandbox_weak import run_weak
+
+        return run_weak(code, timeout_s, memory_mb, max_output)
+    return _run_strict(code, timeout_s, memory_mb, max_output)

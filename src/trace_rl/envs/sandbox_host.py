@@ -1,14 +1,13 @@
-"""What the host keeps bounded and clean around each strict sandbox call (see `envs.sandbox`).
+"""What the host keeps bounded and clean around each sandbox call (see `envs.sandbox`), and how it reports it.
 
-- Threads: as root, RLIMIT_NPROC does not bind (the uid inside the user namespace maps to root outside, which
-  the kernel exempts), so where the host delegates a pids cgroup (cgroup v1 `pids`, or v2 with `pids` enabled,
-  writable by this process) each call runs in a cgroup of its own whose pids.max bounds every thread. Where
-  none is delegated, a root caller's snippet is bounded in threads only by RLIMIT_AS (each thread's stack) and
-  the wall clock; a caller that is not root needs no cgroup (RLIMIT_NPROC binds).
+- Results: SandboxResult and the observation the agent reads, a signal named for what it means here.
+
+- Threads and kernel memory: per-call cgroups where the host delegates them (`envs.sandbox_cgroup`).
 - Output: stdout's head and stderr's head and tail are kept, at most a fixed number of bytes each, whatever
   flows through the pipes, so an error after a flood of output still shows its exception line.
 - Leftovers: temp dirs (and cgroups) are named after the owning pid, and the first call of a process removes
-  those whose owner no longer runs (a trainer killed mid-call cannot remove its own).
+  those whose owner no longer runs (a trainer killed mid-call cannot remove its own), ending any task still
+  in such a cgroup first.
 """
 
 from __future__ import annotations
@@ -17,87 +16,110 @@ import functools
 import os
 import selectors
 import shutil
+import signal
 import subprocess
-import sys
 import tempfile
 import time
+from dataclasses import dataclass
+
+from .sandbox_cgroup import kill_and_remove_stale, pids_cgroup_root
+
+__all__ = [
+    "ENV",
+    "FSIZE_MB",
+    "NOFILE",
+    "TMP_PREFIX",
+    "Kept",
+    "SandboxResult",
+    "collect",
+    "finish",
+    "pids_cgroup_root",
+    "signal_meaning",
+    "sweep_stale",
+    "write_code",
+]
 
 TMP_PREFIX = "trace-rl-sandbox-"  # + the owner's pid + "-": a sweep can tell a dead owner's dirs
+FSIZE_MB = 16
+NOFILE = 64
+ENV = {  # the snippet's whole environment
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
-# -- processes: a pids cgroup where RLIMIT_NPROC cannot bind ----------------------------------------------------
-@functools.cache
-def pids_cgroup_root() -> str | None:
-    """The pids cgroup folder this process may create children in, when the caller is root and the host
-    delegates one (a writable cgroup v1 `pids` hierarchy, or cgroup v2 with `pids` enabled); else None.
+@dataclass
+class SandboxResult:
+    stdout: str
+    stderr: str
+    returncode: int | None
+    timed_out: bool = False
 
-    As root, RLIMIT_NPROC does not bind (the uid inside maps to root outside, which the kernel exempts), so a
-    per-call cgroup with pids.max is what bounds threads. A caller that is not root needs none."""
-    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
-        return None
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def observation(self) -> str:
+        """What the agent sees: output, or the error's last line, or what stopped the run."""
+        if self.timed_out:
+            return f"Error: the code ran past the time limit and was stopped.\n{self.stdout}".strip()
+        if self.returncode not in (0, None):
+            lines = [line for line in self.stderr.strip().splitlines() if line.strip()]
+            last = lines[-1] if lines else f"exit status {self.returncode}"
+            if self.returncode < 0:
+                last = f"killed by signal {-self.returncode} ({signal_meaning(-self.returncode)})"
+            return f"{self.stdout}\nError: {last}".strip()
+        return self.stdout.strip() or "(no output; use print() to see values)"
+
+
+# What a signal that ended the snippet means here; the rlimits and the seccomp filter send the first four.
+_SIGNALS = {
+    "SIGKILL": "killed: the memory limit (a memory cgroup) or the CPU time limit",
+    "SIGXCPU": "the CPU time limit",
+    "SIGXFSZ": "the file size limit",
+    "SIGSYS": "a forbidden system call",
+    "SIGBUS": "a bus error: a memory-mapped file read past its end, or /tmp full",
+    "SIGSEGV": "a segmentation fault",
+    "SIGABRT": "aborted",
+    "SIGFPE": "an arithmetic fault",
+    "SIGILL": "an illegal instruction",
+}
+
+
+def signal_meaning(signum: int) -> str:
+    """ "SIGSYS: a forbidden system call" and the like; the signal's name alone for one not listed."""
     try:
-        with open("/proc/self/cgroup") as fh:
-            own = [line.rstrip("\n").split(":", 2) for line in fh]
-        with open("/proc/self/mounts") as fh:
-            mounts = [line.split() for line in fh]
-    except OSError:
-        return None
-    candidates = []
-    for _, controllers, path in own:
-        for _, point, fstype, options, *_ in mounts:
-            if controllers and "pids" in controllers.split(",") and fstype == "cgroup" and "pids" in options:
-                candidates.append(point + path)
-            elif not controllers and fstype == "cgroup2":
-                candidates.append(point + path)
-    for base in candidates:
-        probe = os.path.join(base, f"trace-rl-{os.getpid()}-probe")
-        try:
-            os.mkdir(probe)
-        except OSError:
-            continue
-        try:
-            with open(os.path.join(probe, "pids.max"), "w") as fh:
-                fh.write("64")
-            return base
-        except OSError:
-            continue
-        finally:
-            os.rmdir(probe)
-    return None
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+    return f"{name}: {_SIGNALS[name]}" if name in _SIGNALS else name
 
 
-class PidsCgroup:
-    """A cgroup of its own for one call, entered by a shell that then execs bubblewrap, so every thread the
-    snippet makes is counted from the first (moving bwrap in after it started would race its clone)."""
+def finish(proc: subprocess.Popen, deadline: float, max_output: int, kill) -> SandboxResult:
+    try:
+        out, err, timed_out = collect(proc, deadline, 4 * max_output)
+    finally:
+        kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    code = proc.returncode
+    if code is not None and code > 128 and not err.total:  # bwrap reports a child killed by signal N as 128+N
+        code = 128 - code
+    return SandboxResult(out.text(max_output), err.text(max_output), None if timed_out else code, timed_out)
 
-    def __init__(self, root: str, limit: int):
-        self.path = os.path.join(root, f"trace-rl-{os.getpid()}-{os.urandom(6).hex()}")
-        os.mkdir(self.path)
-        with open(os.path.join(self.path, "pids.max"), "w") as fh:
-            fh.write(str(limit))
 
-    @classmethod
-    def make(cls, limit: int) -> PidsCgroup | None:
-        """A cgroup allowing `limit` tasks, or None where no pids cgroup can be made (see pids_cgroup_root)."""
-        root = pids_cgroup_root()
-        try:
-            return cls(root, limit) if root else None
-        except OSError:  # the hierarchy went away or is full: the snippet runs, bounded by seccomp and RLIMIT_AS
-            return None
-
-    def wrap(self, cmd: list[str]) -> list[str]:
-        return ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', os.path.join(self.path, "cgroup.procs"), *cmd]
-
-    def remove(self) -> None:
-        for _ in range(50):  # the last tasks may take a moment to leave after the sandbox is reaped
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.01)
-        # still busy: the next process's sweep removes it
+def write_code(work: str, code: str) -> str:
+    path = os.path.join(work, "main.py")
+    with open(path, "wb") as fh:  # surrogatepass: model text may hold lone surrogates; Python reports them inside
+        fh.write(code.encode("utf-8", "surrogatepass"))
+    os.chmod(path, 0o644)
+    return path
 
 
 def _owner_alive(name: str, prefix: str) -> bool:
@@ -115,9 +137,10 @@ def _owner_alive(name: str, prefix: str) -> bool:
 
 @functools.cache
 def sweep_stale() -> int:
-    """Remove what a killed trainer left: sandbox temp dirs (and per-call cgroups) named after a pid that no
-    longer runs and owned by this uid. Runs once per process, before its first call; returns how many went.
-    A pid reused since by another process keeps its dirs until that process ends too."""
+    """Remove what a killed trainer left: sandbox temp dirs named after a pid that no longer runs and owned by
+    this uid, and per-call cgroups of such pids, after ending any task still in them. Runs once per process,
+    before its first call; returns how many went. A pid reused since by another process keeps its dirs until
+    that process ends too."""
     removed = 0
     tmp = tempfile.gettempdir()
     try:
@@ -135,15 +158,7 @@ def sweep_stale() -> int:
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed += not os.path.exists(path)
-    root = pids_cgroup_root()
-    for name in os.listdir(root) if root else []:
-        if name.startswith("trace-rl-") and not _owner_alive(name, "trace-rl-"):
-            try:
-                os.rmdir(os.path.join(root, name))
-                removed += 1
-            except OSError:
-                pass
-    return removed
+    return removed + kill_and_remove_stale(_owner_alive)
 
 
 class Kept:

@@ -21,6 +21,10 @@ Refused, by what they would give the snippet:
   What remains outside RLIMIT_AS is small and capped: the /tmp tmpfs (TMPFS_MB), pipe and AF_UNIX socket
   buffers (at most NOFILE descriptors of at most a few MiB each), and kernel memory per thread (bounded by
   the process limit);
+- kernel memory that no limit counts and that lives as long as the files it hangs on: extended attributes
+  (the setxattr family; the tmpfs's size does not count them) and inotify / fanotify instances and watches
+  (inotify_init*, fanotify_init: watches come out of a per-user quota the host shares). Files and folders,
+  whose inodes and dentries are kernel memory too, are capped by the tmpfs's inode limit (`envs.sandbox`);
 - the network: socket() and socketpair() for every family but AF_UNIX.
 """
 
@@ -95,7 +99,21 @@ UNCOUNTED_MEMORY = (
     "memfd_create",
     "memfd_secret",
 )
-DENY = PROCESSES + NAMESPACES_AND_MOUNTS + KERNEL_SURFACE + UNCOUNTED_MEMORY
+# kernel memory no limit on the snippet counts: extended attributes (tmpfs keeps each one's value, up to 64 KiB,
+# in unreclaimable slab: 8 per file on files in /tmp held 1.5 GiB of host memory from one call) and inotify /
+# fanotify watches (one call took the host's whole per-user inotify quota, so host processes got ENOSPC)
+KERNEL_OBJECTS = (
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "setxattrat",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "fanotify_init",
+    "fanotify_mark",
+)
+DENY = PROCESSES + NAMESPACES_AND_MOUNTS + KERNEL_SURFACE + UNCOUNTED_MEMORY + KERNEL_OBJECTS
 
 _ALLOW = 0x7FFF0000  # SCMP_ACT_ALLOW; a syscall of a foreign ABI kills (libseccomp's default)
 _CMP_NE, _CMP_MASKED_EQ = 1, 7  # enum scmp_compare

@@ -31,8 +31,8 @@ from .config import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig
 
 
 def build_env(cfg: LMEnvConfig) -> EnvSpec:
-    """The env spec of `cfg`; a corpus that does not parse, or a strict sandbox that cannot run here, is one
-    line naming its key (raised before any model is loaded)."""
+    """The env spec of `cfg`; a corpus that does not parse, a retriever that does not answer, or a strict sandbox
+    that cannot run here, is one line naming its key (raised before any model is loaded)."""
     try:
         spec = get_env(
             cfg.name,
@@ -42,6 +42,8 @@ def build_env(cfg: LMEnvConfig) -> EnvSpec:
             sandbox=cfg.sandbox,
         )
     except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:
+        if isinstance(err, ConfigError) and str(err).startswith("env."):  # names its key (env.retriever_url)
+            raise
         if cfg.name == "qa" and cfg.corpus:
             raise ConfigError(
                 f"env.corpus: {cfg.corpus} is not a passage corpus ({type(err).__name__}: {err})"
