@@ -44,7 +44,8 @@ HOLDS = {
     "safe_read": "reading files a damaged disk may have replaced: regular files only, bounded, strict JSON "
     "(standard library only)",
     "plots": "PNG plots of metrics (matplotlib)",
-    "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the warm-start cache; the KV-cache keyword",
+    "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the warm-start cache; "
+    "the KV-cache keyword",
     "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",
     "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, diagnostics",
     "envs": "env protocol and ReAct action format; calculator, math + sandbox, QA + retrieval server, BFCL; "
