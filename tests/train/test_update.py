@@ -200,3 +200,30 @@ def test_the_learning_rate_falls_linearly_by_step_to_its_final_share():
     assert scheduled_lr(cfg, 9, 4) == pytest.approx(1e-4)  # past the last step (steps lowered on resume): the floor
     assert scheduled_lr(cfg, 0, 1) == 1e-3  # one step: the peak
     assert [scheduled_lr(UpdateConfig(lr=1e-3, final_lr=1.0), s, 4) for s in range(4)] == [1e-3] * 4  # constant
+
+
+def test_minibatches_are_successive_steps_on_dealt_groups_and_the_clip_binds_after_the_first():
+    base = tiny()
+    trees = on_policy_trees(base, n=4)
+    rng = random.Random(3)
+    adv = [{node.node_id: rng.uniform(-1, 1) for node in t.turns()} for t in trees]
+    cfg = UpdateConfig(lr=3e-2, minibatches=2, clip_ratio=0.05)
+    split = copy.deepcopy(base)
+    metrics = update_policy(split, make_optimizer(split, cfg), trees, adv, cfg)
+    # by hand: one minibatch of trees 0 and 2, then one of trees 1 and 3, on one optimizer
+    one = UpdateConfig(lr=3e-2, clip_ratio=0.05)
+    manual = copy.deepcopy(base)
+    opt = make_optimizer(manual, one)
+    first = update_policy(manual, opt, trees[0::2], adv[0::2], one)
+    second = update_policy(manual, opt, trees[1::2], adv[1::2], one)
+    for name, p in split.named_parameters():
+        torch.testing.assert_close(p, manual.get_parameter(name), atol=1e-6, rtol=1e-6, msg=name)
+    assert metrics["train/optimizer_steps"] == 2 and first["train/clip_frac"] == 0.0
+    assert second["train/clip_frac"] > 0  # the second step's ratio has moved off 1: the clip acts
+    assert metrics["train/clip_frac"] == pytest.approx((first["train/clip_frac"] + second["train/clip_frac"]) / 2)
+    # update_kl is against the policy before the first minibatch's step, over every trained token
+    with torch.no_grad():
+        lp0 = torch.cat(list(flat_token_logprobs(base.eval(), trees, adv).values()))
+        lp1 = torch.cat(list(flat_token_logprobs(split.eval(), trees, adv).values()))
+    log_ratio = lp1 - lp0
+    assert metrics["train/update_kl"] == pytest.approx(float((log_ratio.exp() - log_ratio - 1).mean()), rel=1e-3)

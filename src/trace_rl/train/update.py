@@ -2,7 +2,8 @@
 
 Each epoch runs every micro-batch once, accumulates gradients (each micro-batch's loss is its share of the
 step loss, so memory is bounded by `micro_batch_tokens` and the result does not depend on how the step was
-cut) and takes one optimizer step. Epochs beyond the first reuse the same batches: the importance ratio is
+cut) and takes one optimizer step per minibatch (`minibatches`: the trees dealt into groups; one by default).
+Later minibatches and epochs beyond the first see a policy that has moved: the importance ratio is
 always against the sampling log-probs stored in the trees, so the clip bounds the drift from the sampling
 policy, not from the previous epoch.
 
@@ -62,7 +63,11 @@ class UpdateConfig:
     weight_decay: float = 0.0  # AdamW decay; 0 because decay pulls a warm-started policy off regardless of reward
     max_grad_norm: float = 1.0  # clip the global gradient norm (0: no clipping, norm still reported)
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
-    epochs: int = 1  # passes over the step's trees, one optimizer step each
+    epochs: int = 1  # passes over the step's trees
+    # optimizer steps per epoch: the step's trees dealt into this many groups (PPO minibatches). With one, the only
+    # gradient step is taken at ratio 1 and the clip never acts; from the second group on the ratio has moved and
+    # the clip bounds how far each token's probability goes in one step
+    minibatches: int = 1
     packing: str = "tree"  # tree: every tree token encoded once | flat: one row per root-to-leaf path
     tree_attention: str = "auto"  # tree mask kernel: auto (flex on CUDA, else blocks) | blocks | flex | dense
     weighting: str = "first"  # a turn shared by k leaves: first (once) | leaf (k times, as flat rows) | split (1/k)
@@ -90,7 +95,7 @@ class UpdateConfig:
         for name in ("lr", "lora_alpha"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name, low in (("micro_batch_tokens", 1), ("epochs", 1), ("lora_rank", 0)):
+        for name, low in (("micro_batch_tokens", 1), ("epochs", 1), ("minibatches", 1), ("lora_rank", 0)):
             if getattr(self, name) < low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.packing not in PACKINGS:
@@ -208,16 +213,20 @@ def update_policy(
     ref_model=None,
     temperature: float = 1.0,
 ) -> dict[str, float]:
-    """`cfg.epochs` optimizer steps on the trees' policy tokens, their log-probs taken at the sampling
-    `temperature` (the trainer passes `policy.temperature`); returns metrics averaged over the epochs:
+    """`cfg.epochs` x `cfg.minibatches` optimizer steps on the trees' policy tokens (tree i goes to minibatch
+    i mod minibatches, each minibatch's loss normalised over its own tokens), their log-probs taken at the sampling
+    `temperature` (the trainer passes `policy.temperature`); returns metrics averaged over the optimizer steps:
     train/loss, train/pg_loss, train/clip_frac, train/kl (to the reference, 0 without one), train/approx_kl
-    (sampling policy to current), train/grad_norm, train/skipped_steps, and per epoch: train/tokens (distinct
-    tokens of the trees), train/encoded_tokens (tokens run through the model), train/policy_tokens (trained
-    tokens), train/micro_batches; and `advantage_stats`, and train/update_kl (k3 KL of the policy before the
-    step to the policy after it, token mean over the trained tokens)."""
-    batches = _batches(trees, advantages, cfg)
+    (sampling policy to current), train/grad_norm, and train/skipped_steps, train/optimizer_steps; per epoch:
+    train/tokens (distinct tokens of the trees), train/encoded_tokens (tokens run through the model),
+    train/policy_tokens (trained tokens), train/micro_batches; and `advantage_stats`, and train/update_kl (k3 KL
+    of the policy before the step to the policy after it, token mean over the trained tokens)."""
+    groups = [
+        _batches(trees[j :: cfg.minibatches], advantages[j :: cfg.minibatches], cfg)
+        for j in range(min(cfg.minibatches, max(len(trees), 1)))
+    ]
+    batches = [b for group in groups for b in group]
     num_tokens = sum(b.policy_tokens for b in batches)
-    num_segments = sum(len(b.segments) for b in batches)
     sums = dict.fromkeys(("loss", "pg_loss", "clip_frac", "kl", "approx_kl", "grad_norm", "skipped_steps"), 0.0)
     signal = advantage_stats(trees, advantages, cfg.aggregation)
     counts = {
@@ -227,54 +236,67 @@ def update_policy(
         "micro_batches": float(len(batches)),
     }
     if num_tokens == 0:
-        return {**{f"train/{k}": v for k, v in {**sums, **counts}.items()}, **signal, "train/update_kl": 0.0}
+        zero = {**sums, "optimizer_steps": 0.0, **counts}
+        return {**{f"train/{k}": v for k, v in zero.items()}, **signal, "train/update_kl": 0.0}
     loss_fn = POLICY_LOSSES[cfg.loss]
     clip = {"clip_ratio_low": cfg.clip_ratio, "clip_ratio_high": cfg.clip_ratio_high or cfg.clip_ratio}
     if cfg.clip_ratio_c is not None:
         clip["clip_ratio_c"] = cfg.clip_ratio_c
     device = next(model.parameters()).device
-    ref_lps = _reference_logprobs(model, ref_model, batches, cfg, temperature)
+    ref_lps = [_reference_logprobs(model, ref_model, group, cfg, temperature) for group in groups]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     was_training = model.training
     model.eval()
-    before: list[torch.Tensor] = []  # the pre-update policy's log-probs (first epoch's forward)
+    before: list[torch.Tensor] = []  # the pre-update policy's log-probs
+    steps = 0
     try:
+        if len(groups) > 1:  # the first epoch's forwards come after earlier minibatches' steps: take them first
+            with torch.no_grad():
+                before = [token_logprobs(model, b, temperature, cfg.tree_attention) for b in batches]
         for epoch in range(cfg.epochs):
-            optimizer.zero_grad(set_to_none=True)
-            for i, b in enumerate(batches):
-                lp = token_logprobs(model, b, temperature, cfg.tree_attention)
-                if epoch == 0:
-                    before.append(lp.detach())
-                out = loss_fn(
-                    lp,
-                    b.old_logprobs.to(device),
-                    b.advantages.to(device),
-                    b.segment_ids.to(device),
-                    aggregation=cfg.aggregation,
-                    ref_logprobs=None if ref_lps is None else ref_lps[i],
-                    kl_coef=cfg.kl_coef,
-                    num_tokens=num_tokens,
-                    num_segments=num_segments,
-                    **clip,
-                )
-                out.loss.backward()
-                share = b.policy_tokens / num_tokens  # token-weighted means across micro-batches
-                sums["loss"] += out.loss.item()
-                sums["pg_loss"] += out.pg_loss.item()
-                for k in ("clip_frac", "kl", "approx_kl"):
-                    sums[k] += getattr(out, k).item() * share
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-            sums["grad_norm"] += float(norm)
-            if math.isfinite(float(norm)):
-                optimizer.step()
-            else:
-                sums["skipped_steps"] += 1
-            optimizer.zero_grad(set_to_none=True)
+            for group, refs in zip(groups, ref_lps):
+                group_tokens = sum(b.policy_tokens for b in group)
+                if group_tokens == 0:
+                    continue
+                group_segments = sum(len(b.segments) for b in group)
+                optimizer.zero_grad(set_to_none=True)
+                for i, b in enumerate(group):
+                    lp = token_logprobs(model, b, temperature, cfg.tree_attention)
+                    if epoch == 0 and len(groups) == 1:
+                        before.append(lp.detach())
+                    out = loss_fn(
+                        lp,
+                        b.old_logprobs.to(device),
+                        b.advantages.to(device),
+                        b.segment_ids.to(device),
+                        aggregation=cfg.aggregation,
+                        ref_logprobs=None if refs is None else refs[i],
+                        kl_coef=cfg.kl_coef,
+                        num_tokens=group_tokens,
+                        num_segments=group_segments,
+                        **clip,
+                    )
+                    out.loss.backward()
+                    share = b.policy_tokens / group_tokens  # token-weighted means across micro-batches
+                    sums["loss"] += out.loss.item()
+                    sums["pg_loss"] += out.pg_loss.item()
+                    for k in ("clip_frac", "kl", "approx_kl"):
+                        sums[k] += getattr(out, k).item() * share
+                limit = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+                norm = torch.nn.utils.clip_grad_norm_(params, limit)
+                sums["grad_norm"] += float(norm)
+                if math.isfinite(float(norm)):
+                    optimizer.step()
+                else:
+                    sums["skipped_steps"] += 1
+                optimizer.zero_grad(set_to_none=True)
+                steps += 1
         update_kl = _update_kl(model, batches, before, temperature, num_tokens, cfg.tree_attention)
     finally:
         model.train(was_training)
-    means = {k: v / cfg.epochs for k, v in sums.items() if k != "skipped_steps"}
-    out = {f"train/{k}": v for k, v in {**means, "skipped_steps": sums["skipped_steps"], **counts}.items()}
+    means = {k: v / steps for k, v in sums.items() if k != "skipped_steps"}
+    extra = {"skipped_steps": sums["skipped_steps"], "optimizer_steps": float(steps), **counts}
+    out = {f"train/{k}": v for k, v in {**means, **extra}.items()}
     return {**out, **signal, "train/update_kl": update_kl}
 
 
