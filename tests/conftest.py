@@ -3,6 +3,21 @@ import pytest
 from trace_rl.tree import BRANCH, RolloutTree
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_model_cache(tmp_path_factory):
+    """The suite never reads or writes the user's model cache (warm starts, converted models): a test that needed
+    the real warm start would find none here, rather than a stale one there."""
+    import os
+
+    old = os.environ.get("TRACE_RL_CACHE")
+    os.environ["TRACE_RL_CACHE"] = str(tmp_path_factory.mktemp("trace-rl-cache"))
+    yield
+    if old is None:
+        os.environ.pop("TRACE_RL_CACHE", None)
+    else:
+        os.environ["TRACE_RL_CACHE"] = old
+
+
 @pytest.fixture
 def small_tree() -> RolloutTree:
     """Two bare rollouts (success, failure) and one branch from the failure's first turn that succeeds.

@@ -183,7 +183,10 @@ def test_each_compare_run_gets_its_own_resolved_config(tmp_path, monkeypatch):
         seen[(run_cfg.method, run_cfg.seed)] = config_yaml
         raise SystemExit  # stop after the first run: only its arguments matter here
 
+    import trace_rl.train.trainer as trainer
+
     monkeypatch.setattr(compare, "train", fake_train)
+    monkeypatch.setattr(trainer, "ensure_policy", lambda cfg: {})  # the warm start is not what this checks
     with pytest.raises(SystemExit):
         compare.run_compare(compare.CompareConfig(out=str(tmp_path), methods=["trace"], seeds=[3]))
     assert "method: trace" in seen[("trace", 3)] and "seed: 3" in seen[("trace", 3)]

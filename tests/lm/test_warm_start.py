@@ -34,8 +34,15 @@ def test_the_code_digest_follows_code_and_defaults_not_comments_or_docstrings(tm
     text = sft.read_text()
     sft.write_text(text.replace('"""Warm start by', '"""A reworded docstring. Warm start by', 1) + "\n# a comment\n")
     assert ws.code_digest(tmp_path) == base
+    plumbing = text.replace('print(f"warm start {entry.name}: {entry}")', "print(entry)")
+    assert plumbing != text
+    sft.write_text(plumbing)  # the command's plumbing, outside the named definitions
+    assert ws.code_digest(tmp_path) == base
     sft.write_text(text.replace("final_lr: float = 0.35", "final_lr: float = 0.36"))
     assert ws.code_digest(tmp_path) != base
+    sft.write_text(text.replace("def train_sft(", "def train_sft_renamed("))
+    with pytest.raises(RuntimeError, match="train_sft"):
+        ws.code_digest(tmp_path)
 
 
 def test_the_key_follows_seed_settings_and_versions(cache, monkeypatch):

@@ -7,9 +7,10 @@ under another key and the current one is built (by `train`, which builds what it
 (by the commands that only read a model). What makes the key:
 
 - the seed;
-- a digest of the modules that decide the warm start (SFT itself, the calculator task and its demonstrations, the
-  tiny model and its tokenizer, the chat format, the seed streams), taken over their syntax trees without
-  docstrings, so an edit to a comment or a docstring does not rebuild it while any change to code or a default does;
+- a digest of the code that decides the warm start (SFT's training and demonstrations, the calculator task, the
+  tiny model and its tokenizer, the chat format, the seed streams; `SOURCES`), taken over the syntax trees without
+  docstrings, so an edit to a comment, a docstring or the command's plumbing does not rebuild it while any change
+  to that code or a default does;
 - the versions of python, torch, transformers, tokenizers, safetensors and numpy.
 
 Not in the key, because it does not change the model: the torch thread count (measured: 1 and 2 threads give the
@@ -39,16 +40,17 @@ from ..errors import ConfigError
 
 TINY = "tiny"
 MANIFEST = "warm_start.json"
-# the modules, relative to the package root, whose code decides what `trace-rl sft` trains
-SOURCES = (
-    "train/sft.py",
-    "envs/calculator.py",
-    "envs/base.py",
-    "lm/models.py",
-    "lm/tokenizer.py",
-    "agent/react.py",
-    "seeding.py",
-)
+# the code, relative to the package root, that decides what `trace-rl sft` trains: whole modules, or the named
+# top-level definitions of a module whose other parts (the command's plumbing, hub access) do not touch the weights
+SOURCES: dict[str, tuple[str, ...] | None] = {
+    "train/sft.py": ("demo_sequence", "SFTParams", "train_sft", "_train_and_save"),
+    "envs/calculator.py": None,
+    "envs/base.py": None,
+    "lm/models.py": ("tiny_llama_config", "create_tiny_model"),
+    "lm/tokenizer.py": None,
+    "agent/react.py": None,
+    "seeding.py": None,
+}
 LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
 _NAME = re.compile(r"^tiny(?:@(\d+))?$")
 
@@ -76,9 +78,16 @@ def code_digest(root: Path | None = None) -> str:
     """sha256 (16 hex digits) of the SOURCES' syntax trees without docstrings: code and defaults, not comments."""
     root = root or Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for rel in SOURCES:
+    for rel, names in SOURCES.items():
+        tree = _strip_docstrings(ast.parse((root / rel).read_text()))
+        if names is not None:
+            found = {getattr(node, "name", None): node for node in tree.body}
+            missing = [n for n in names if n not in found]
+            if missing:  # a renamed definition must be named here again, never silently left out of the key
+                raise RuntimeError(f"warm_start.SOURCES names {missing} in {rel}, which does not define them")
+            tree = ast.Module(body=[found[n] for n in names], type_ignores=[])
         h.update(rel.encode())
-        h.update(ast.dump(_strip_docstrings(ast.parse((root / rel).read_text()))).encode())
+        h.update(ast.dump(tree).encode())
     return h.hexdigest()[:16]
 
 

@@ -170,7 +170,7 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
 
     name = cfg.policy.model
     tiny = name == RANDOM_TINY or warm_start.is_tiny(name)
-    if warm_start.is_tiny(name) and warm_start.parse_tiny(name) != cfg.seed:
+    if name.startswith("tiny@") and warm_start.parse_tiny(name) != cfg.seed:  # plain tiny trains from `seed`
         raise ConfigError(f"policy.model: sft trains {name} from its own seed; pass seed={warm_start.parse_tiny(name)}")
     if cfg.out:
         return _train_and_save(cfg, Path(cfg.out), yaml_text)
