@@ -209,11 +209,12 @@ def verify_checkpoint(path: Path) -> bool:
     return True
 
 
-def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+def setting_differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested settings dicts."""
     out = []
     for k in sorted(set(a) | set(b)):
         if isinstance(a.get(k), dict) and isinstance(b.get(k), dict):
-            out += _differences(a[k], b[k], f"{prefix}{k}.")
+            out += setting_differences(a[k], b[k], f"{prefix}{k}.")
         elif a.get(k) != b.get(k):
             out.append(f"{prefix}{k}")
     return out
@@ -240,7 +241,7 @@ def check_identity(path: Path, step: int, state: dict, run: dict | None) -> str:
         raise ForeignCheckpoint(f"{path}: a checkpoint of another run (seed {theirs.get('seed')}, not {run['seed']})")
     if theirs.get("settings_digest") != run["settings_digest"]:
         other = theirs.get("settings")
-        diff = _differences(other, run["settings"]) if isinstance(other, dict) else []
+        diff = setting_differences(other, run["settings"]) if isinstance(other, dict) else []
         said = f"settings differ in {', '.join(diff[:4])}" if diff else "other settings"
         raise ForeignCheckpoint(f"{path}: a checkpoint of another run ({said})")
     return ""

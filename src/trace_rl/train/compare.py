@@ -53,7 +53,7 @@ from ..methods import METHODS
 from ..rollout.records import format_table, read_metrics
 from ..stack.config import check_seed
 from ..stats import cost_to_target_ci, mean_ci, paired_bootstrap_ci
-from .checkpoint import checkpoints
+from .checkpoint import checkpoints, setting_differences
 from .trainer import TrainConfig, train
 
 BASELINE = "grpo"
@@ -143,22 +143,12 @@ def _without_unread(settings: dict) -> dict:
     return settings
 
 
-def _differences(a: dict, b: dict, prefix: str = "") -> list[str]:
-    out = []
-    for k in sorted(set(a) | set(b)):
-        if isinstance(a.get(k), dict) and isinstance(b.get(k), dict):
-            out += _differences(a[k], b[k], f"{prefix}{k}.")
-        elif a.get(k) != b.get(k):
-            out.append(f"{prefix}{k}")
-    return out
-
-
 def _finished(run: Path, cfg: TrainConfig) -> bool:
     """True if `run` holds a finished run of `cfg`; raises if it holds a run of other settings."""
     path = run / RUN_SETTINGS
     if not path.exists():
         return False
-    diff = _differences(_without_unread(json.loads(path.read_text())), run_settings(cfg))
+    diff = setting_differences(_without_unread(json.loads(path.read_text())), run_settings(cfg))
     if diff:
         raise ValueError(
             f"out: {run} holds a run with other settings (differs in {', '.join(diff)}); "
