@@ -64,10 +64,9 @@ class UpdateConfig:
     max_grad_norm: float = 1.0  # clip the global gradient norm (0: no clipping, norm still reported)
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
     epochs: int = 1  # passes over the step's trees
-    # optimizer steps per epoch: the step's trees dealt into this many groups (PPO minibatches). With one, the only
-    # gradient step is taken at ratio 1 and the clip never acts; from the second group on the ratio has moved and
-    # the clip bounds how far each token's probability goes in one step
-    minibatches: int = 1
+    # With one minibatch the only gradient step is taken at ratio 1 and the clip never acts; from the second group
+    # on the ratio has moved and the clip bounds how far each token's probability goes in one step
+    minibatches: int = 1  # optimizer steps per epoch: the step's trees dealt into this many groups (PPO minibatches)
     packing: str = "tree"  # tree: every tree token encoded once | flat: one row per root-to-leaf path
     tree_attention: str = "auto"  # tree mask kernel: auto (flex on CUDA, else blocks) | blocks | flex | dense
     weighting: str = "first"  # a turn shared by k leaves: first (once) | leaf (k times, as flat rows) | split (1/k)
