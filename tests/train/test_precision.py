@@ -35,13 +35,13 @@ def grown_trees(model, tok, dtype: str, temperature: float = 1.0):
     return res.active
 
 
-def first_log_ratio(model, trees, dtype: str, temperature: float = 1.0) -> float:
+def first_log_ratio(model, trees, dtype: str, temperature: float = 1.0, attention: str = "auto") -> float:
     """max |log pi_update - log pi_sampled| over every policy token of the trees, before any optimizer step."""
     adv = [{n.node_id: 1.0 for n in t.turns()} for t in trees]
     worst = 0.0
     with torch.no_grad():
         for b in pack_trees(trees, adv, max_tokens=4096):
-            lp = token_logprobs(model, b, temperature, "auto", dtype)
+            lp = token_logprobs(model, b, temperature, attention, dtype)
             worst = max(worst, float((lp - b.old_logprobs).abs().max()))
     return worst
 
@@ -66,3 +66,11 @@ def test_a_float32_sampler_under_a_bfloat16_update_is_off_one(tiny):
     trees = grown_trees(model, tok, "float32")
     assert first_log_ratio(model, trees, "float32") < TOL["float32"]
     assert first_log_ratio(model, trees, "bfloat16") > TOL["float32"]
+
+
+@pytest.mark.parametrize("attention", ["blocks", "dense"])
+def test_every_cpu_tree_kernel_runs_under_bfloat16(tiny, attention):
+    """The blocks kernel and the dense one (its additive mask built in bfloat16, the scores' dtype under autocast)."""
+    model, tok = tiny
+    trees = grown_trees(model, tok, "bfloat16")
+    assert first_log_ratio(model, trees, "bfloat16", attention=attention) < TOL["bfloat16"]
