@@ -19,9 +19,12 @@ and has every worker load them with `model_runner.model.load_weights(...)` throu
 worker extension class `WorkerWeightLoader` (vLLM's own RLHF examples load weights the same way). The file
 hop costs one copy through host memory: simple and independent of vLLM's RPC serialisation, fine for
 models of a few GB, and it assumes the engine's workers share this machine's filesystem (true of
-`AsyncLLM`, whose engine core is a local subprocess). NCCL or CUDA-IPC transfer for large models is a
-deployment choice left out. Every sync then resets the prefix cache and bumps `weight_version`; a sync
-while rows are in flight is refused rather than mixing weights inside one batch.
+`AsyncLLM`, whose engine core is a local subprocess). Not through `collective_rpc` itself: its arguments
+reach the engine core as msgpack, where untyped tensors come back as (dtype, shape, buffer) tuples, and are
+pickled again to each worker. vLLM's `ipc` weight-transfer backend (CUDA IPC handles, no copy) is the clean
+path for a colocated engine on a GPU; it is not wired in, as no GPU was available to test it (docs/engines.md).
+Every sync then resets the prefix cache and bumps `weight_version`; a sync while rows are in flight is refused
+rather than mixing weights inside one batch.
 
 The engine lives on a private event-loop thread: `AsyncLLM` binds its output handler to the loop of its
 first request, and the rollout engine runs each step under a fresh `asyncio.run`. `agenerate` (any loop)
