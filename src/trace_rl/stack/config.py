@@ -136,7 +136,9 @@ class LMPolicyConfig:
     model: str = "tiny"  # 'tiny' (after trace-rl sft), 'random-tiny', 'smollm2-135m', a local path or a hub id
     backend: str = "hf"  # hf: transformers in this process | vllm: a vLLM engine here | server: an OpenAI-style server
     server_url: str = ""  # backend=server: the server's base URL (it serves `model`; the tokenizer is loaded here)
-    device: str = "auto"  # torch device of the policy (hf; with vllm, of the copy train updates); auto: cuda if seen
+    # the default, auto, is resolved when the settings load (cuda where torch sees a GPU, else cpu): --help and
+    # config.yaml show the device it gave
+    device: str = "auto"  # torch device of the policy (hf; with vllm, the copy train updates); auto | cpu | cuda[:N]
     temperature: float = 1.0  # sampling temperature (0 = greedy); train's update uses the same one
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     max_new_tokens: int = 0  # cap on tokens per turn (0: the environment's default)
