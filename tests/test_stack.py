@@ -74,6 +74,14 @@ CASES = [
     (["eval", "env=qa", "env.corpus={tmp}/none.json"], "env.corpus"),
     (["sft", "policy.backend=server", "policy.server_url=http://127.0.0.1:{closed}"], "policy.server_url"),
     (["eval", "model=tiny"], "model"),  # one spelling: eval's model is policy.model, as everywhere
+    (["eval", "policy.device=tpu"], "policy.device"),
+    (["eval", "policy.vllm.dtype=int8"], "policy.vllm.dtype"),
+    (["eval", "policy.vllm.gpu_memory_utilization=1.5"], "policy.vllm.gpu_memory_utilization"),
+    (["eval", "policy.vllm.gpu_memory_utilization=0"], "policy.vllm.gpu_memory_utilization"),
+    (["rollout", "policy.vllm.kv_cache_gb=-1"], "policy.vllm.kv_cache_gb"),
+    (["rollout", "policy.vllm.max_num_batched_tokens=-5"], "policy.vllm.max_num_batched_tokens"),
+    (["rollout", "policy.vllm.enable_chunked_prefill=maybe"], "policy.vllm.enable_chunked_prefill"),
+    (["train", "update.dtype=float16"], "update.dtype"),
 ]
 
 
@@ -190,3 +198,51 @@ def test_each_compare_run_gets_its_own_resolved_config(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         compare.run_compare(compare.CompareConfig(out=str(tmp_path), methods=["trace"], seeds=[3]))
     assert "method: trace" in seen[("trace", 3)] and "seed: 3" in seen[("trace", 3)]
+
+
+def test_train_refuses_a_vllm_dtype_other_than_the_updates(monkeypatch, capsys):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else find_spec(name, *a)
+    )
+    assert main(["train", "policy.backend=vllm", "policy.vllm.dtype=bfloat16", "policy.model=random-tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "policy.vllm.dtype" in err and "update.dtype" in err and err.count("\n") == 1, err
+
+
+def test_vllm_settings_become_engine_arguments_and_cpu_refuses_chunked_prefill():
+    from trace_rl.errors import ConfigError
+    from trace_rl.stack.config import VLLMConfig
+
+    cfg = VLLMConfig(kv_cache_gb=2.5, max_num_batched_tokens=8192)
+    assert cfg.engine_kwargs(on_cpu=True, dtype="bfloat16") == {
+        "gpu_memory_utilization": 0.5,
+        "dtype": "bfloat16",  # dtype=auto follows the update's
+        "max_num_batched_tokens": 8192,
+        "kv_cache_gb": 2.5,
+    }
+    assert VLLMConfig(dtype="float32").engine_kwargs(on_cpu=False, dtype="bfloat16")["dtype"] == "float32"
+    assert "dtype" not in VLLMConfig().engine_kwargs(on_cpu=False)  # rollout/eval: the backend's platform default
+    on = VLLMConfig(enable_chunked_prefill=True)
+    assert on.engine_kwargs(on_cpu=False)["enable_chunked_prefill"] is True
+    with pytest.raises(ConfigError, match="^policy.vllm.enable_chunked_prefill: "):
+        on.engine_kwargs(on_cpu=True)
+
+
+def test_device_auto_is_resolved_once_and_recorded_resolved(monkeypatch):
+    import torch
+
+    from trace_rl.cli import EvalConfig
+    from trace_rl.config import load_config
+    from trace_rl.stack.config import resolve_device
+
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg, yaml_text = load_config(EvalConfig, ["policy.device=auto", "policy.model=random-tiny"])
+    import yaml
+
+    assert cfg.policy.device == "cpu" and yaml.safe_load(yaml_text)["policy"]["device"] == "cpu"

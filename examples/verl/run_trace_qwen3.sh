@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # TRACE on verl 0.9.1: Qwen3 on math with a python tool (the paper's math setting), one node of 8 GPUs.
 # Needs a GPU environment with verl's own stack plus the reward's grader (pip install "verl[vllm]==0.9.1"
-# "math-verify>=0.7") and trace-rl with its `verl.plugins` entry point installed (pip install -e . in this
-# repository), so that `import verl` registers the trace trainer, the trace_tool_agent loop and the trace
-# estimator in every process.
+# "math-verify>=0.7") and trace-rl with its `verl.plugins` entry point installed WITHOUT its requirements
+# (pip install --no-deps -e . in this repository: a plain install lifts omegaconf past the <2.4 that verl's
+# hydra-core pins; the integration reads no trace-rl config), so that `import verl` registers the trace
+# trainer, the trace_tool_agent loop and the trace estimator in every process.
 #   TRAIN_FILES / VAL_FILES  parquet in verl's RL format: `prompt` (chat messages), `data_source`,
-#                            `reward_model.ground_truth`; the system prompt should ask for \boxed{} answers
-#   MODEL                    default Qwen/Qwen3-4B
+#                            `reward_model.ground_truth`; the system prompt should ask for \boxed{} answers.
+#                            `trace-rl verl-data out=data/verl` writes both from the
+#                            project's math data (trace-rl fetch-data): data/verl/train.parquet, val.parquet
+#   MODEL                    a local model folder (config.json and weights), or a hub id already in the
+#                            Hugging Face cache or reachable (default Qwen/Qwen3-4B); checked before any GPU work
+#   RAY_NUM_CPUS             CPUs the local Ray cluster counts (default: the machine's, at least 32). verl's
+#                            TransferQueue storage actors each hold a CPU: with Ray counting the 2 CPUs of a small
+#                            machine they are never scheduled and the launch waits silently for ever
+#   TQ_STORAGE_UNITS         TransferQueue storage units (default 8, or 1 on a machine with fewer than 16 CPUs)
 #   TRACE_SANDBOX            how the python tool contains model code: strict (default; bubblewrap + seccomp,
 #                            refused at start-up where it cannot run) or weak (an in-process audit hook, chosen
 #                            explicitly; every step's metrics then carry trace/sandbox_weak=1)
@@ -15,20 +23,25 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 MODEL=${MODEL:-Qwen/Qwen3-4B}
+NCPU=$(nproc)
+RAY_NUM_CPUS=${RAY_NUM_CPUS:-$(( NCPU < 32 ? 32 : NCPU ))}
+TQ_STORAGE_UNITS=${TQ_STORAGE_UNITS:-$(( NCPU < 16 ? 1 : 8 ))}
+export MODEL
 export TRACE_SANDBOX=${TRACE_SANDBOX:-strict}  # exported: Ray's local workers inherit it (tool and trainer)
 TRAIN_FILES=${TRAIN_FILES:?parquet of training prompts}
 VAL_FILES=${VAL_FILES:?parquet of validation prompts}
 
 # Before any GPU work, one line for each thing that would fail later inside a Ray worker: verl loads plugins
 # from entry points only (in every Ray process), it loads the reward file lazily (at the first finished
-# rollout), and the tool's sandbox mode must be able to run here.
+# rollout), the tool's sandbox mode must be able to run here, and the model must be a local folder or a hub id
+# that can load (an uncached id with HF_HUB_OFFLINE set is refused here, not in a worker).
 python - <<'PY' || exit 1
 import os, sys
 from importlib.metadata import entry_points
 def refuse(msg):
     sys.exit(f"run_trace_qwen3.sh: {msg}")
 if not any(e.value == "trace_rl.integrations.verl.plugin" for e in entry_points(group="verl.plugins")):
-    refuse("trace-rl is installed without its verl.plugins entry point (pip install -e . from the repository)")
+    refuse("trace-rl is installed without its verl.plugins entry point (pip install --no-deps -e . from the repository)")
 try:
     import math_verify  # noqa: F401  (examples/verl/reward.py grades with it)
 except ImportError:
@@ -38,6 +51,11 @@ try:
     require(os.environ["TRACE_SANDBOX"])
 except (SandboxUnavailable, ValueError) as err:
     refuse(f"TRACE_SANDBOX={os.environ['TRACE_SANDBOX']}: {err}")
+from trace_rl.lm.models import check_model
+try:
+    check_model(os.environ["MODEL"])
+except ValueError as err:
+    refuse(f"MODEL={os.environ['MODEL']}: {err}")
 import verl  # noqa: F401  (loads the plugin)
 from trace_rl.integrations.verl.plugin import REGISTERED
 print("trace plugin:", REGISTERED, "| sandbox:", os.environ["TRACE_SANDBOX"])
@@ -87,4 +105,6 @@ python -m verl.trainer.main_ppo \
   trainer.logger='["console","wandb"]' \
   trainer.project_name=trace-rl \
   trainer.experiment_name="trace-$(basename "$MODEL")-math" \
+  ray_kwargs.ray_init.num_cpus="$RAY_NUM_CPUS" \
+  transfer_queue.backend.SimpleStorage.num_data_storage_units="$TQ_STORAGE_UNITS" \
   "$@"

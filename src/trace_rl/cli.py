@@ -353,6 +353,12 @@ def _fetch_data(cfg, yaml_text: str) -> None:
     run_fetch(cfg)
 
 
+def _verl_data(cfg, yaml_text: str) -> None:
+    from .integrations.verl.data import run_verl_data
+
+    run_verl_data(cfg)
+
+
 def _propositions(cfg, yaml_text: str) -> None:
     from .testbed.propositions import check_propositions, report_lines, verdicts
 
@@ -410,6 +416,7 @@ def _config_classes() -> dict[str, tuple[str, object, str | None, str]]:
             None,
             "download the math and QA data sets (pinned, SHA-256 checked)",
         ),
+        "verl-data": ("trace_rl.integrations.verl.data:VerlDataConfig", _verl_data, None, "verl's parquet rows"),
         "propositions": (
             "trace_rl.cli:PropositionsConfig",
             _propositions,

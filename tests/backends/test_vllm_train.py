@@ -8,12 +8,10 @@ grew through vLLM.
 """
 
 import json
-import os
 
 import pytest
 
 pytest.importorskip("vllm")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from trace_rl.backends.vllm import VLLMBackend  # noqa: E402
 from trace_rl.cli import main  # noqa: E402
@@ -21,6 +19,8 @@ from trace_rl.lm.models import create_tiny_model  # noqa: E402
 
 
 def test_train_backend_vllm_runs_a_step_and_pushes_the_update(tmp_path, monkeypatch):
+    # without the variable: policy.vllm.kv_cache_gb's default (1 GiB on CPU) lets the engine start
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     model, tok = create_tiny_model(seed=0)
     model.save_pretrained(tmp_path / "tiny")
     tok.save_pretrained(tmp_path / "tiny")

@@ -60,8 +60,6 @@ def test_main_ppo_with_the_plugin_runs_up_to_verls_gpu_check(tmp_path):
             "trainer.n_gpus_per_node": "1",
             "trainer.logger": "[console]",
             "trainer.default_local_dir": str(tmp_path / "ckpt"),
-            "transfer_queue.backend.SimpleStorage.num_data_storage_units": "1",
-            "ray_kwargs.ray_init.num_cpus": "32",  # TransferQueue's actors wait forever on a 2-CPU cluster
             "+ray_kwargs.ray_init._node_ip_address": "127.0.0.1",
             "+ray_kwargs.ray_init.include_dashboard": "False",
         },

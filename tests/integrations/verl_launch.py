@@ -7,9 +7,21 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "verl" / "run_trace_qwen3.sh"
 
 
-def launch_overrides(train="train.parquet", val="val.parquet", model="Qwen/Qwen3-4B", here="/x") -> list[str]:
+def launch_overrides(
+    train="train.parquet", val="val.parquet", model="Qwen/Qwen3-4B", here="/x", num_cpus="32", storage_units="1"
+) -> list[str]:
+    """The overrides, with the script's variables as given (Ray's CPUs and TransferQueue's storage units at what
+    the script picks on a machine with fewer than 16 CPUs)."""
     body = SCRIPT.read_text().split("python -m verl.trainer.main_ppo \\\n", 1)[1].split('"$@"')[0]
-    subst = {"$TRAIN_FILES": train, "$VAL_FILES": val, "$MODEL": model, "$HERE": here, '"': ""}
+    subst = {
+        "$TRAIN_FILES": train,
+        "$VAL_FILES": val,
+        "$MODEL": model,
+        "$HERE": here,
+        "$RAY_NUM_CPUS": num_cpus,
+        "$TQ_STORAGE_UNITS": storage_units,
+        '"': "",
+    }
     overrides = []
     for line in body.splitlines():
         line = re.sub(r"\$\(basename [^)]*\)", Path(model).name, line.strip().rstrip("\\").strip())

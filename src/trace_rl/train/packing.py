@@ -335,10 +335,15 @@ def _flat_batch(paths: list[list[Entry]], advantages: list[dict[str, float]]) ->
     return _batch(input_ids, positions, mask, cols, segments, int(mask.sum()))
 
 
-def token_logprobs(model, batch: PackedBatch, temperature: float = 1.0, attention: str = "auto") -> torch.Tensor:
+def token_logprobs(
+    model, batch: PackedBatch, temperature: float = 1.0, attention: str = "auto", dtype: str = "float32"
+) -> torch.Tensor:
     """Log-probs (float32, with grad) of the batch's policy tokens under `model`, in target order, from the
     temperature-scaled distribution (match the sampling temperature, or the ratios are off). `attention`: the
-    tree mask's kernel (train.tree_attention.KERNELS); flat batches use the model's causal attention."""
+    tree mask's kernel (train.tree_attention.KERNELS); flat batches use the model's causal attention. `dtype`:
+    the forward's compute dtype (lm.precision; match the sampler's too)."""
+    from ..lm.precision import compute_context
+
     device = next(model.parameters()).device
     inputs = {"input_ids": batch.input_ids.to(device), "position_ids": batch.position_ids.to(device)}
     context = contextlib.nullcontext()
@@ -349,17 +354,17 @@ def token_logprobs(model, batch: PackedBatch, temperature: float = 1.0, attentio
         if impl not in ("eager", "sdpa"):
             raise ValueError(f"tree packing needs eager or sdpa attention (a dense 4-D mask), the model uses {impl!r}")
         # additive float mask: eager adds it to the scores, sdpa accepts it as is (a bool mask eager would add)
-        dtype = model.dtype
+        mask_dtype = model.dtype if dtype == "float32" else getattr(torch, dtype)  # the scores' dtype
         mask = batch.tree.dense(device)
-        inputs["attention_mask"] = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(
-            ~mask, torch.finfo(dtype).min
+        inputs["attention_mask"] = torch.zeros(mask.shape, dtype=mask_dtype, device=device).masked_fill_(
+            ~mask, torch.finfo(mask_dtype).min
         )
     else:
         inputs.update(tree_mask=batch.tree, tree_kernel=resolve_kernel(attention, device))
         context = tree_attention(model)
     # only the columns that predict a policy token go through the LM head (the vocabulary is the big matrix)
     keep, col = torch.unique(batch.target_positions, return_inverse=True)
-    with context:
+    with context, compute_context(dtype, device):
         out = model(**inputs, logits_to_keep=keep.to(device), use_cache=False)
     logits = out.logits[batch.target_rows.to(device), col.to(device)].float()
     if temperature != 1.0:

@@ -99,6 +99,12 @@ class TrainConfig(LMRunConfig):
         super().__post_init__()  # the executor
         if not self.policy.temperature > 0:
             raise ValueError("policy.temperature must be > 0 to train: the update needs the sampling log-probs")
+        if self.policy.backend == "vllm" and self.policy.vllm.dtype not in ("auto", self.update.dtype):
+            raise ValueError(
+                f"policy.vllm.dtype: {self.policy.vllm.dtype} differs from update.dtype {self.update.dtype}; the PPO "
+                "ratio divides the update's probabilities by the sampler's, so set one dtype (policy.vllm.dtype=auto "
+                "follows update.dtype)"
+            )
         if self.policy.backend == "server":
             raise ValueError(
                 "policy.backend: a server's weights cannot be updated from here; train with hf or vllm "
@@ -303,7 +309,8 @@ def train(
     logger = StepLogger(cfg.logger, out, resume=bool(start), run_name=f"{cfg.method}-seed{cfg.seed}")
 
     params = cfg.policy.sampling(spec.max_new_tokens)
-    policy = build_policy(cfg.policy, model=model, tokenizer=tok, seed=cfg.seed)
+    # the backend samples in the update's dtype, so each step's first PPO ratio is 1 (lm.precision)
+    policy = build_policy(cfg.policy, model=model, tokenizer=tok, seed=cfg.seed, dtype=cfg.update.dtype)
     backend = policy.backend
     actor = build_actor(policy, spec, params, cfg.engine)
     engine = build_engine(

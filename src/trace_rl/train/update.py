@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..lm.precision import check_dtype
 from ..paths import check_weighting
 from ..tree import BRANCH, RolloutTree
 from .losses import AGGREGATIONS, KL_CLAMP, POLICY_LOSSES
@@ -73,9 +74,12 @@ class UpdateConfig:
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of all weights (needs peft)
     lora_alpha: float = 16.0  # LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)
     lora_targets: tuple[str, ...] = LLAMA_LINEAR  # module names that get adapters
+    # the backend samples in this dtype too (hf: the same autocast; vllm: the engine's dtype), so the first ratio is 1
+    dtype: str = "float32"  # forward compute dtype: float32 | bfloat16 (autocast; float32 master weights and AdamW)
 
     def __post_init__(self):
         check_weighting(self.weighting)
+        check_dtype("update.dtype", self.dtype)  # the full key: policy.vllm.dtype shares the last name
         if self.loss not in POLICY_LOSSES:
             raise ValueError(f"loss must be one of {sorted(POLICY_LOSSES)}, got {self.loss!r}")
         if self.aggregation not in AGGREGATIONS:
@@ -198,7 +202,7 @@ def _reference_logprobs(
     was_training = ref.training
     ref.eval()
     with torch.no_grad(), context:
-        out = [token_logprobs(ref, b, temperature, cfg.tree_attention) for b in batches]
+        out = [token_logprobs(ref, b, temperature, cfg.tree_attention, cfg.dtype) for b in batches]
     ref.train(was_training)
     return out
 
@@ -251,7 +255,7 @@ def update_policy(
     try:
         if len(groups) > 1:  # the first epoch's forwards come after earlier minibatches' steps: take them first
             with torch.no_grad():
-                before = [token_logprobs(model, b, temperature, cfg.tree_attention) for b in batches]
+                before = [token_logprobs(model, b, temperature, cfg.tree_attention, cfg.dtype) for b in batches]
         for epoch in range(cfg.epochs):
             for group, refs in zip(groups, ref_lps):
                 group_tokens = sum(b.policy_tokens for b in group)
@@ -260,7 +264,7 @@ def update_policy(
                 group_segments = sum(len(b.segments) for b in group)
                 optimizer.zero_grad(set_to_none=True)
                 for i, b in enumerate(group):
-                    lp = token_logprobs(model, b, temperature, cfg.tree_attention)
+                    lp = token_logprobs(model, b, temperature, cfg.tree_attention, cfg.dtype)
                     if epoch == 0 and len(groups) == 1:
                         before.append(lp.detach())
                     out = loss_fn(
@@ -290,7 +294,7 @@ def update_policy(
                     sums["skipped_steps"] += 1
                 optimizer.zero_grad(set_to_none=True)
                 steps += 1
-        update_kl = _update_kl(model, batches, before, temperature, num_tokens, cfg.tree_attention)
+        update_kl = _update_kl(model, batches, before, temperature, num_tokens, cfg.tree_attention, cfg.dtype)
     finally:
         model.train(was_training)
     means = {k: v / steps for k, v in sums.items() if k != "skipped_steps"}
@@ -300,13 +304,19 @@ def update_policy(
 
 
 def _update_kl(
-    model, batches: list[PackedBatch], before: list[torch.Tensor], temperature: float, n: int, attention: str
+    model,
+    batches: list[PackedBatch],
+    before: list[torch.Tensor],
+    temperature: float,
+    n: int,
+    attention: str,
+    dtype: str = "float32",
 ) -> float:
     """Token mean of the k3 estimator of KL(before || after) over the trained tokens, the tokens being samples
     of the sampling policy (= the pre-update policy on-policy), as `approx_kl` estimates the drift."""
     total = 0.0
     with torch.no_grad():
         for b, lp_before in zip(batches, before):
-            log_ratio = (token_logprobs(model, b, temperature, attention) - lp_before).clamp(-KL_CLAMP, KL_CLAMP)
+            log_ratio = (token_logprobs(model, b, temperature, attention, dtype) - lp_before).clamp(-KL_CLAMP, KL_CLAMP)
             total += float((torch.exp(log_ratio) - log_ratio - 1).sum())
     return total / max(n, 1)
