@@ -153,9 +153,12 @@ class SFTConfig:
 
 def _settings(cfg: SFTConfig) -> dict | None:
     """The SFT settings that differ from the defaults (None: the defaults; the wall-clock cap changes none)."""
-    own = {"steps": cfg.steps, "sft": {k: v for k, v in asdict(cfg.sft).items() if k != "max_minutes"}}
-    ref = SFTConfig.__dataclass_fields__["steps"].default, asdict(SFTParams())
-    return None if own == {"steps": ref[0], "sft": {k: v for k, v in ref[1].items() if k != "max_minutes"}} else own
+
+    def weights_settings(steps: int, params: SFTParams) -> dict:
+        return {"steps": steps, "sft": {k: v for k, v in asdict(params).items() if k != "max_minutes"}}
+
+    own = weights_settings(cfg.steps, cfg.sft)
+    return None if own == weights_settings(SFTConfig.__dataclass_fields__["steps"].default, SFTParams()) else own
 
 
 def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
@@ -176,14 +179,15 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
         return _train_and_save(cfg, Path(cfg.out), yaml_text)
     if not tiny:
         return _train_and_save(cfg, cache_dir() / (Path(name).name + "-sft"), yaml_text)
-    entry = warm_start.entry_dir(cfg.seed, _settings(cfg))
+    settings = _settings(cfg)
+    entry = warm_start.entry_dir(cfg.seed, settings)
     with warm_start.file_lock(entry):
         if warm_start.read_manifest(entry):
             print(f"warm start {entry.name} is already built (same seed, code and library versions): {entry}")
             return entry
         tmp = entry.with_name(f".{entry.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        made = _train_and_save(cfg, tmp, yaml_text, manifest=warm_start.basis(cfg.seed, _settings(cfg)))
+        made = _train_and_save(cfg, tmp, yaml_text, manifest=warm_start.basis(cfg.seed, settings))
         if made != tmp:  # cut short by the wall-clock cap: kept beside the cache, never as the entry
             partial = entry.with_name(entry.name + "-partial")
             shutil.rmtree(partial, ignore_errors=True)

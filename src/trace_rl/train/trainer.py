@@ -138,7 +138,8 @@ def ensure_policy(cfg: TrainConfig) -> dict:
     seed = warm_start.parse_tiny(cfg.policy.model)
     if seed is None:
         return {"path": cfg.policy.model}
-    if not warm_start.read_manifest(warm_start.entry_dir(seed)):
+    entry = warm_start.entry_dir(seed)
+    if not warm_start.read_manifest(entry):
         from .sft import SFTConfig, run_sft
 
         print(
@@ -147,7 +148,7 @@ def ensure_policy(cfg: TrainConfig) -> dict:
             file=sys.stderr,
         )
         run_sft(SFTConfig(seed=seed))
-    return warm_start.describe(warm_start.entry_dir(seed))
+    return warm_start.describe(entry)
 
 
 def start_comment(start: dict) -> str:
