@@ -123,6 +123,7 @@ def test_lora_trains_adapters_only_with_the_base_as_reference():
         ({"clip_ratio_c": 1.0}, "clip_ratio_c must be > 1"),
         ({"lora_rank": -1}, "lora_rank must be >= 0"),
         ({"final_lr": 1.5}, "final_lr must be in [0, 1]"),
+        ({"max_update_kl": -0.1}, "max_update_kl must be >= 0"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, message):
@@ -227,3 +228,58 @@ def test_minibatches_are_successive_steps_on_dealt_groups_and_the_clip_binds_aft
         lp1 = torch.cat(list(flat_token_logprobs(split.eval(), trees, adv).values()))
     log_ratio = lp1 - lp0
     assert metrics["train/update_kl"] == pytest.approx(float((log_ratio.exp() - log_ratio - 1).mean()), rel=1e-3)
+
+
+def _big_step(max_update_kl: float):
+    """A step at a rate that moves the policy far (KL well above 1e-3), from a fixed start."""
+    base = tiny()
+    trees = on_policy_trees(base, n=4)
+    rng = random.Random(5)
+    adv = [{node.node_id: rng.uniform(-1, 1) for node in t.turns()} for t in trees]
+    model = copy.deepcopy(base)
+    cfg = UpdateConfig(lr=3e-2, max_update_kl=max_update_kl)
+    return base, model, trees, adv, update_policy(model, make_optimizer(model, cfg), trees, adv, cfg)
+
+
+def _k3(before, after, trees, adv) -> float:
+    with torch.no_grad():
+        lp0 = torch.cat(list(flat_token_logprobs(before.eval(), trees, adv).values()))
+        lp1 = torch.cat(list(flat_token_logprobs(after.eval(), trees, adv).values()))
+    log_ratio = lp1 - lp0
+    return float((log_ratio.exp() - log_ratio - 1).mean())
+
+
+def test_max_update_kl_scales_the_step_back_along_its_direction_until_within_the_bound():
+    base, free, trees, adv, unbounded = _big_step(0.0)
+    assert unbounded["train/update_scale"] == 1.0 and unbounded["train/update_kl"] > 5e-3
+    assert unbounded["train/update_kl_unbounded"] == unbounded["train/update_kl"]
+    limit = unbounded["train/update_kl"] / 10
+    _, bounded, _, _, metrics = _big_step(limit)
+    assert metrics["train/update_kl"] <= limit and metrics["train/update_kl"] > limit / 4  # under it, not far under
+    assert metrics["train/update_kl_unbounded"] == pytest.approx(unbounded["train/update_kl"], rel=1e-5)
+    scale = metrics["train/update_scale"]
+    assert 0 < scale < 1
+    # the parameters are the start plus that share of the unbounded step
+    for name, p in bounded.named_parameters():
+        start, end = base.get_parameter(name), free.get_parameter(name)
+        torch.testing.assert_close(p, start + scale * (end - start), atol=1e-6, rtol=1e-5, msg=name)
+    # and the reported KL is the KL of the policy the step left
+    assert metrics["train/update_kl"] == pytest.approx(_k3(base, bounded, trees, adv), rel=1e-3)
+
+
+def test_max_update_kl_leaves_a_step_within_the_bound_as_it_was():
+    _, free, _, _, unbounded = _big_step(0.0)
+    _, bounded, _, _, metrics = _big_step(unbounded["train/update_kl"] * 2)
+    assert metrics["train/update_scale"] == 1.0 and metrics["train/update_kl"] == unbounded["train/update_kl"]
+    for name, p in bounded.named_parameters():
+        assert torch.equal(p, free.get_parameter(name)), name
+
+
+def test_a_step_that_no_share_brings_within_the_bound_is_undone(monkeypatch):
+    import trace_rl.train.update as update
+
+    monkeypatch.setattr(update, "MAX_BACKTRACKS", 1)  # one try of at most 10x smaller: 1e-9 is out of reach
+    base, bounded, _, _, metrics = _big_step(1e-9)
+    assert metrics["train/update_scale"] == 0.0 and metrics["train/update_kl"] == 0.0
+    for name, p in bounded.named_parameters():
+        torch.testing.assert_close(p, base.get_parameter(name), atol=1e-7, rtol=0, msg=name)

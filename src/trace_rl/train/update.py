@@ -15,6 +15,16 @@ Limits: a reference model for the KL term is evaluated once per step (before the
 no reference model the reference is the base model with its adapters switched off, which costs no copy.
 A step whose gradient norm is not finite is skipped (reported as such), as verl does.
 
+A bound on the step itself (`max_update_kl`): the PPO clip bounds each token's ratio to the sampling policy, which
+a step of many small moves never reaches (measured: 4 minibatches at the default rate clip under 0.1% of tokens
+while the step's KL doubles), so the step's KL is bounded directly, as TRPO's line search does. After the
+optimizer steps the KL of the pre-step policy to the new one is measured (it is measured anyway, `update_kl`);
+above the bound the parameters are moved back along the step, to the share s of it that a quadratic model of the
+KL (KL ~ s^2) puts just under the bound, and measured again, at most `MAX_BACKTRACKS` times; a step still above
+the bound after those is undone (s = 0). Costs: one copy of the trainable parameters while the step is taken, and
+one no-grad forward per backtrack (none when the step is within the bound). AdamW's moments keep the step's
+gradient (only the parameters are moved back), as the step direction is unchanged.
+
 What the step carried (the chain effective ratio -> signal -> update size -> accuracy): `advantage_stats`
 reports the share of trained tokens and turns with a non-zero advantage and how the loss weight |A| splits
 between shared prefixes, continuation (branch) turns and the rest, under the configured aggregation; the
@@ -41,6 +51,7 @@ from .packing import PackedBatch, pack_paths, pack_trees, token_logprobs
 from .tree_attention import KERNELS
 
 PACKINGS = ("tree", "flat")
+MAX_BACKTRACKS = 8  # line-search tries before a step over max_update_kl is undone
 LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -63,6 +74,8 @@ class UpdateConfig:
     final_lr: float = 0.1  # the rate decays linearly by step to this share of lr at the last step (1: constant)
     weight_decay: float = 0.0  # AdamW decay; 0 because decay pulls a warm-started policy off regardless of reward
     max_grad_norm: float = 1.0  # clip the global gradient norm (0: no clipping, norm still reported)
+    # a trust region on the whole step: above this KL(before || after) the step is scaled back (0: off)
+    max_update_kl: float = 0.0
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
     epochs: int = 1  # passes over the step's trees
     # With one minibatch the only gradient step is taken at ratio 1 and the clip never acts; from the second group
@@ -90,7 +103,7 @@ class UpdateConfig:
             raise ValueError(f"clip_ratio_high must be > 0 or None, got {self.clip_ratio_high}")
         if self.clip_ratio_c is not None and not self.clip_ratio_c > 1:
             raise ValueError(f"clip_ratio_c must be > 1 or None, got {self.clip_ratio_c}")
-        for name in ("kl_coef", "weight_decay", "max_grad_norm"):
+        for name in ("kl_coef", "weight_decay", "max_grad_norm", "max_update_kl"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.final_lr <= 1:
@@ -223,7 +236,9 @@ def update_policy(
     (sampling policy to current), train/grad_norm, and train/skipped_steps, train/optimizer_steps; per epoch:
     train/tokens (distinct tokens of the trees), train/encoded_tokens (tokens run through the model),
     train/policy_tokens (trained tokens), train/micro_batches; and `advantage_stats`, and train/update_kl (k3 KL
-    of the policy before the step to the policy after it, token mean over the trained tokens)."""
+    of the policy before the step to the policy after it, token mean over the trained tokens), with
+    train/update_kl_unbounded and train/update_scale (the step's KL before `max_update_kl` scaled it back, and the
+    share of the step kept: 1 when the bound did not act)."""
     groups = [
         _batches(trees[j :: cfg.minibatches], advantages[j :: cfg.minibatches], cfg)
         for j in range(min(cfg.minibatches, max(len(trees), 1)))
@@ -240,7 +255,8 @@ def update_policy(
     }
     if num_tokens == 0:
         zero = {**sums, "optimizer_steps": 0.0, **counts}
-        return {**{f"train/{k}": v for k, v in zero.items()}, **signal, "train/update_kl": 0.0}
+        bound = {"train/update_kl": 0.0, "train/update_kl_unbounded": 0.0, "train/update_scale": 1.0}
+        return {**{f"train/{k}": v for k, v in zero.items()}, **signal, **bound}
     loss_fn = POLICY_LOSSES[cfg.loss]
     clip = {"clip_ratio_low": cfg.clip_ratio, "clip_ratio_high": cfg.clip_ratio_high or cfg.clip_ratio}
     if cfg.clip_ratio_c is not None:
@@ -251,6 +267,7 @@ def update_policy(
     was_training = model.training
     model.eval()
     before: list[torch.Tensor] = []  # the pre-update policy's log-probs
+    start = [p.detach().clone() for p in params] if cfg.max_update_kl > 0 else None
     steps = 0
     try:
         if len(groups) > 1:  # the first epoch's forwards come after earlier minibatches' steps: take them first
@@ -294,13 +311,41 @@ def update_policy(
                     sums["skipped_steps"] += 1
                 optimizer.zero_grad(set_to_none=True)
                 steps += 1
-        update_kl = _update_kl(model, batches, before, temperature, num_tokens, cfg.tree_attention, cfg.dtype)
+        measure = lambda: _update_kl(model, batches, before, temperature, num_tokens, cfg.tree_attention, cfg.dtype)
+        update_kl = unbounded_kl = measure()
+        scale = 1.0
+        if start is not None and update_kl > cfg.max_update_kl:
+            update_kl, scale = _bound_step(params, start, measure, update_kl, cfg.max_update_kl)
     finally:
         model.train(was_training)
     means = {k: v / steps for k, v in sums.items() if k != "skipped_steps"}
     extra = {"skipped_steps": sums["skipped_steps"], "optimizer_steps": float(steps), **counts}
     out = {f"train/{k}": v for k, v in {**means, **extra}.items()}
-    return {**out, **signal, "train/update_kl": update_kl}
+    bound = {"train/update_kl": update_kl, "train/update_kl_unbounded": unbounded_kl, "train/update_scale": scale}
+    return {**out, **signal, **bound}
+
+
+@torch.no_grad()
+def _bound_step(
+    params: list[torch.nn.Parameter], start: list[torch.Tensor], measure, kl: float, limit: float
+) -> tuple[float, float]:
+    """Move `params` from the end of the step back towards `start` (their values before it) until `measure()`
+    (the step's KL) is at most `limit`; returns (that KL, the share of the step kept). `start` is overwritten with
+    the step (after - before), so the bound costs one copy of the parameters."""
+    for p, d in zip(params, start):
+        d.sub_(p).neg_()  # d = p - start: the step
+    scale = 1.0
+    for _ in range(MAX_BACKTRACKS):
+        # KL grows as the square of the share for a small step: aim just under the limit, shrink by 10x at most
+        new = scale * min(max(0.95 * math.sqrt(limit / kl), 0.1), 0.9)
+        for p, d in zip(params, start):
+            p.add_(d, alpha=new - scale)
+        scale, kl = new, measure()
+        if kl <= limit:
+            return kl, scale
+    for p, d in zip(params, start):
+        p.sub_(d, alpha=scale)  # still over the limit: the step is undone
+    return 0.0, 0.0
 
 
 def _update_kl(
