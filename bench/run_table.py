@@ -23,7 +23,9 @@ from trace_rl.rollout.records import read_metrics
 def run_row(metrics: Path) -> dict:
     """The figures of one run's metrics.jsonl (its first method's records)."""
     records = next(iter(read_metrics(metrics).values()), [])
-    evals = [r["eval/accuracy"] for r in records if not math.isnan(r.get("eval/accuracy", math.nan))]
+    # the start's evaluation is recorded as eval/accuracy_before, every later one as eval/accuracy
+    evals = [r["eval/accuracy_before"] for r in records[:1] if "eval/accuracy_before" in r]
+    evals += [r["eval/accuracy"] for r in records if not math.isnan(r.get("eval/accuracy", math.nan))]
     kl = [r["train/update_kl"] for r in records if "train/update_kl" in r]
     raw = [r.get("train/update_kl_unbounded", r["train/update_kl"]) for r in records if "train/update_kl" in r]
     scales = [r.get("train/update_scale", 1.0) for r in records if "train/update_kl" in r]

@@ -22,7 +22,7 @@ def test_a_run_row_reads_evaluations_update_sizes_and_how_often_the_bound_acted(
     metrics = _write(
         tmp_path / "study" / "grpo" / "seed10",
         [
-            {"step": 0, "eval/accuracy": 0.5},
+            {"step": 0, "eval/accuracy_before": 0.5},
             {
                 "step": 1,
                 "train/update_kl": 0.01,
