@@ -114,7 +114,9 @@ def test_diagnose_after_simulate(tmp_path, capsys):
     assert main(["diagnose", str(run)]) == 0
     out = capsys.readouterr().out
     assert "spearman" in out and "prefixes" in out
+    assert "trace: flips of the prefixes stage 2 chose" in out and "grpo: reliability bins over the run" in out
     assert (run / "calibration_by_depth.png").exists() and (run / "spearman_over_steps.png").exists()
+    assert (run / "reliability.png").exists()
     assert main(["diagnose", str(tmp_path / "nope")]) == 2
 
 

@@ -4,7 +4,15 @@ import sys
 import numpy as np
 import pytest
 
-from trace_rl.diagnose import CALIBRATION_PNG, SPEARMAN_PNG, diagnose, format_diagnosis, format_p
+from trace_rl.diagnose import (
+    CALIBRATION_PNG,
+    RELIABILITY_PNG,
+    SPEARMAN_PNG,
+    diagnose,
+    format_calibration,
+    format_diagnosis,
+    format_p,
+)
 from trace_rl.predictors.diagnostics import spearman, spearman_rho, step_diagnostics, summarize_records
 from trace_rl.tree import RolloutTree
 
@@ -80,7 +88,7 @@ def test_diagnose_writes_into_out_dir_and_leaves_the_run_alone(tmp_path):
     run = tmp_path / "run"
     _write(run / "predictions.jsonl", _records(300, rng) + _records(120, rng, method="grpo"))
     before = sorted(p.name for p in run.iterdir())
-    tables = diagnose(run, max_depth=2, out_dir=tmp_path / "report")
+    tables = diagnose(run, max_depth=2, out_dir=tmp_path / "report").tables
     assert sorted(p.name for p in run.iterdir()) == before
     assert (tmp_path / "report" / CALIBRATION_PNG).is_file() and (tmp_path / "report" / SPEARMAN_PNG).is_file()
     assert [r["depth"] for r in tables["trace"]] == ["0", "1", "2+", "prefixes"]
@@ -93,7 +101,7 @@ def test_diagnose_reads_a_multi_seed_run(tmp_path):
     rng = np.random.default_rng(1)
     for seed in (0, 1):
         _write(tmp_path / f"seed{seed}" / "predictions.jsonl", _records(200, rng))
-    tables = diagnose(tmp_path, max_depth=3)
+    tables = diagnose(tmp_path, max_depth=3).tables
     assert tables["trace"][0]["n"] == 100  # depth 0 of both seeds
     assert (tmp_path / SPEARMAN_PNG).is_file()
     with pytest.raises(FileNotFoundError):
@@ -140,5 +148,98 @@ def test_diagnose_reads_a_compare_directory_per_method_directory(tmp_path):
     for method in ("trace", "trace_adv-grpo"):
         for seed in (0, 1):
             _write(tmp_path / method / f"seed{seed}" / "predictions.jsonl", _records(80, rng))  # records say "trace"
-    tables = diagnose(tmp_path, max_depth=2)
+    tables = diagnose(tmp_path, max_depth=2).tables
     assert sorted(tables) == ["trace", "trace_adv-grpo"] and tables["trace"][0]["n"] == 40
+
+
+def _fixture_run(run, late_root_v: float = 0.9) -> None:
+    """Four steps of one hand-built trace tree (see tests/predictors/test_calibration.py: hand_tree) and grpo roots;
+    from step 2 on the trace root is scored late_root_v instead of 0.6."""
+    recs = []
+    for step in range(4):
+        root_v = 0.6 if step < 2 else late_root_v
+        recs += [
+            {"depth": 0, "predicted": root_v, "target": 0.5, "leaves": 5, "bare_rollouts": 2, "bare_successes": 1},
+            {
+                "depth": 1,
+                "predicted": 0.7,
+                "target": 2 / 3,
+                "leaves": 3,
+                "bare_reward": 1.0,
+                "continuations": 2,
+                "flips": 1,
+            },
+            {"depth": 1, "predicted": 0.2, "target": 0.0, "leaves": 1, "bare_reward": 0.0},
+            {
+                "depth": 2,
+                "predicted": 0.4,
+                "target": 0.5,
+                "leaves": 2,
+                "bare_reward": 0.0,
+                "continuations": 1,
+                "flips": 1,
+            },
+        ]
+        recs = [{"method": "trace", "step": step, **r} if "method" not in r else r for r in recs]
+        recs.append(
+            {
+                "method": "grpo",
+                "step": step,
+                "depth": 0,
+                "predicted": 0.3,
+                "target": 0.25,
+                "leaves": 4,
+                "bare_rollouts": 4,
+                "bare_successes": 1,
+            }
+        )
+    _write(run / "predictions.jsonl", recs)
+
+
+def test_diagnose_prints_and_draws_the_calibration_of_a_fixture_run(tmp_path):
+    pytest.importorskip("scipy")  # p-values come from scipy (the plots extra)
+    pytest.importorskip("matplotlib")
+    _fixture_run(tmp_path)
+    found = diagnose(tmp_path, max_depth=2)
+    trace = found.calibration["trace"]
+    assert list(trace) == ["run", "early (steps 1-2)", "late (steps 3-4)"]
+    assert trace["run"]["roots"]["n"] == 8 and trace["run"]["roots"]["pred"] == pytest.approx(0.75)
+    assert trace["early (steps 1-2)"]["roots"]["ece"] == pytest.approx(0.1)
+    assert trace["late (steps 3-4)"]["roots"]["ece"] == pytest.approx(0.4)
+    assert trace["run"]["prefixes"]["1"]["ece"] == pytest.approx(0.25)  # V~ 0.2 -> failure, 0.7 -> success
+    flips = trace["run"]["flips"]["all"]
+    assert (
+        flips["continuations"] == 12 and flips["pred"] == pytest.approx(1 / 3) and flips["real"] == pytest.approx(2 / 3)
+    )
+    assert found.calibration["grpo"]["run"]["roots"]["real"] == 0.25 and not found.calibration["grpo"]["run"]["flips"]
+    assert (tmp_path / RELIABILITY_PNG).is_file() and tmp_path / RELIABILITY_PNG in found.plots and not found.note
+    text = format_calibration(found)
+    rows = {tuple(line.split()[:4]) for line in text.splitlines()}
+    assert ("roots", "late", "(steps", "3-4)") in rows
+    block = next(b for b in text.split("\n\n") if b.startswith("trace: flips of the prefixes stage 2 chose"))
+    line = next(x for x in block.splitlines() if x.startswith("prefixes") and " run " in x)
+    assert line.split()[1:] == ["run", "8", "12", "0.333", "0.000", "0.667", "0.300"]  # chosen .. all anchors
+    assert "flips by predicted q" in text and "grpo: reliability bins over the run" in text
+
+
+def test_diagnose_without_matplotlib_writes_no_plot_and_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("scipy")  # p-values come from scipy (the plots extra)
+    from trace_rl.cli import main
+
+    _fixture_run(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    found = diagnose(tmp_path, max_depth=2)
+    assert found.plots == [] and "matplotlib" in found.note and not list(tmp_path.glob("*.png"))
+    assert found.calibration["trace"]["run"]["flips"]  # the tables do not need it
+    assert main(["diagnose", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "flips of the prefixes stage 2 chose" in captured.out
+    assert captured.err.strip() == found.note
+
+
+def test_records_from_before_the_bare_outcomes_get_the_older_tables_only(tmp_path):
+    pytest.importorskip("scipy")  # p-values come from scipy (the plots extra)
+    _write(tmp_path / "predictions.jsonl", _records(40, np.random.default_rng(3)))
+    found = diagnose(tmp_path, max_depth=2)
+    assert found.tables["trace"] and not found.calibration["trace"]["run"]["prefixes"]
+    assert "no calibration records" in format_calibration(found)

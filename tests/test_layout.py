@@ -47,7 +47,8 @@ HOLDS = {
     "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the warm-start cache; "
     "the KV-cache keyword",
     "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",
-    "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, diagnostics",
+    "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, "
+    "diagnostics, calibration",
     "envs": "env protocol and ReAct action format; calculator, math + sandbox, QA + retrieval server, BFCL; "
     "task loaders and registry",
     "agent": "ReAct turns over token histories",

@@ -245,17 +245,22 @@ def _compare(cfg, yaml_text: str) -> None:
 
 
 def _diagnose(cfg, yaml_text: str) -> None:
-    from .diagnose import diagnose, format_diagnosis
+    from .diagnose import diagnose, format_calibration, format_diagnosis
 
     out = cfg.out or cfg.run_dir
     try:
-        tables = diagnose(cfg.run_dir, max_depth=cfg.max_depth, out_dir=out)
+        found = diagnose(cfg.run_dir, max_depth=cfg.max_depth, out_dir=out)
     except FileNotFoundError as err:
         raise ConfigError(f"run_dir: {err}") from None
     except (ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"run_dir: {cfg.run_dir} does not hold a readable run ({err})") from None
-    print(format_diagnosis(tables))
-    print(f"\nwrote {out}/calibration_by_depth.png, spearman_over_steps.png")
+    print(format_diagnosis(found.tables))
+    print()
+    print(format_calibration(found))
+    if found.plots:
+        print(f"\nwrote {', '.join(str(p) for p in found.plots)}")
+    else:
+        print(f"\n{found.note}", file=sys.stderr)
 
 
 def _view(cfg, yaml_text: str) -> None:

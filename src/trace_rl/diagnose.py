@@ -1,19 +1,29 @@
-"""Predictor quality by depth for a finished run, as tables and two PNG plots (behind `trace-rl diagnose`).
+"""Predictor quality by depth for a finished run, as tables and PNG plots (behind `trace-rl diagnose`).
 
 Reads RUN_DIR/predictions.jsonl, or RUN_DIR/seed*/predictions.jsonl for a multi-seed run (one record per node
-the allocator scored: method, step, depth, predicted, target), and writes into `out_dir`, which defaults to the
-run directory:
+the allocator scored: method, step, depth, predicted, target, and the outcomes `predictors.calibration` reads),
+and writes into `out_dir`, which defaults to the run directory:
 
 - calibration_by_depth.png: mean empirical success V^ per predicted-value bin, one line per depth, one panel per
   method on a grid at most three panels wide (seeds pooled);
 - spearman_over_steps.png: Spearman(V~, V^) per step, a panel for the roots and one for the prefixes, one line
-  per method; several seeds draw the mean and a min-max band.
+  per method; several seeds draw the mean and a min-max band;
+- reliability.png: one row per method, against outcomes no allocation choice biased
+  (`predictors.calibration`): V~ at the roots against their bare rollouts (the run, its early and its late
+  half), V~ at the prefixes against each anchor's own rollout by depth, and the chosen prefixes' predicted
+  flip probability against their realised flip share (by depth, and binned by the predicted q).
 
-The table adds, per depth, the flip calibration of the chosen prefixes (predicted vs realised flip rate of
-their continuations; `predictors.diagnostics.flip_rows`) where the records carry it (tree methods of
-`trace-rl train`, `rollout` and `simulate`). A `trace-rl compare` directory is read per method:
-RUN_DIR/<method>/seed*/predictions.jsonl. Both plots come from predictions.jsonl alone, so they do not depend
-on how metrics.jsonl names its keys.
+Two sets of tables. The first, per depth, sets V~ against the leaf mean V^ (Spearman rho and p, ECE, Brier),
+with the flip calibration of the chosen prefixes (`predictors.diagnostics.flip_rows`) where the records carry
+it; V^ is biased where stage 2 branched (module docstring of `predictors.base`), so read its ECE as a ranking
+aid. The second (`format_calibration`) is the calibration proper, over the run and over its early and late
+halves (steps split at the median step; seeds pooled): V~ reliability at roots and by prefix depth with its
+bins, and the flips of the chosen prefixes with the recalibrated prediction and the mean q of all anchors. A
+run written before the records carried the bare outcomes has only the first set.
+
+A `trace-rl compare` directory is read per method: RUN_DIR/<method>/seed*/predictions.jsonl. Every plot comes
+from predictions.jsonl alone, so none depends on how metrics.jsonl names its keys. Without matplotlib no plot
+is drawn and `Diagnosis.note` says so in one line; the tables need numpy, and SciPy for the p-values.
 `format_diagnosis` prints p-values in scientific notation below 0.001 instead of rounding them to 0.000.
 """
 
@@ -21,15 +31,19 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .plots import grid_shape, plot_panels
+from .predictors.calibration import calibration_tables, depth_names
 from .predictors.diagnostics import flip_rows, spearman_rho, summarize_records
 
 CALIBRATION_PNG = "calibration_by_depth.png"
 SPEARMAN_PNG = "spearman_over_steps.png"
+RELIABILITY_PNG = "reliability.png"
+NO_MATPLOTLIB = "plots skipped: matplotlib is not installed (pip install 'trace-rl[plots]')"
 MIN_PER_DEPTH = 10  # fewer predictions at a depth than this draw no calibration line
 MIN_PER_BIN = 3  # a calibration point needs this many predictions in its bin
 
@@ -69,8 +83,33 @@ def load_run(run_dir: str | Path) -> dict[str, list[dict]]:
     return {p.parent.name: _read_jsonl(p) for p in seeds}
 
 
-def diagnose(run_dir: str | Path, max_depth: int = 4, out_dir: str | Path | None = None) -> dict[str, list[dict]]:
-    """Per method, one row per depth (n, Spearman rho and p, ECE, Brier); writes the two plots into out_dir."""
+@dataclass
+class Diagnosis:
+    """What `diagnose` found: the depth tables against V^, the calibration per period, the plots it drew."""
+
+    tables: dict[str, list[dict]]  # per method: one row per depth (n, Spearman rho and p, ECE, Brier; flips)
+    calibration: dict[str, dict[str, dict]]  # per method, per period label: `calibration_tables`
+    max_depth: int = 4
+    plots: list[Path] = field(default_factory=list)
+    note: str = ""  # why no plot was drawn ("" when they were)
+
+
+def periods(records: list[dict]) -> dict[str, list[dict]]:
+    """{"run": all, "early (steps a-b)": first half of the steps, "late (steps c-d)": the rest}; steps are shown
+    1-based, as the progress lines print them. One step: the run alone."""
+    steps = sorted({int(r["step"]) for r in records})
+    out = {"run": records}
+    if len(steps) >= 2:
+        split = steps[len(steps) // 2]
+        for name, lo, hi in (("early", steps[0], split - 1), ("late", split, steps[-1])):
+            sel = [r for r in records if lo <= int(r["step"]) <= hi]
+            out[f"{name} (steps {lo + 1}-{hi + 1})"] = sel
+    return out
+
+
+def diagnose(run_dir: str | Path, max_depth: int = 4, out_dir: str | Path | None = None) -> Diagnosis:
+    """Per method, the depth tables and the calibration over the run and its halves; writes the plots into
+    out_dir when matplotlib is installed."""
     if max_depth < 1:
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
     seeds = load_run(run_dir)
@@ -89,6 +128,16 @@ def diagnose(run_dir: str | Path, max_depth: int = 4, out_dir: str | Path | None
             empty = dict.fromkeys(("chosen", "continuations", "pred_flip", "real_flip"), float("nan"))
             for row in rows:
                 row.update(flips.get(row["depth"], empty))
+    calibration = {
+        m: {label: calibration_tables(sel, max_depth=max_depth) for label, sel in periods(recs).items()}
+        for m, recs in by_method.items()
+    }
+    result = Diagnosis(tables, calibration, max_depth)
+    try:
+        import matplotlib  # noqa: F401  (only whether it is there)
+    except ImportError:
+        result.note = NO_MATPLOTLIB
+        return result
     plot_calibration(by_method, out / CALIBRATION_PNG, max_depth)
     panels: dict[str, dict[str, list[list[dict]]]] = {"roots (depth 0)": {}, "prefixes (depth >= 1)": {}}
     for method in by_method:
@@ -100,7 +149,10 @@ def diagnose(run_dir: str | Path, max_depth: int = 4, out_dir: str | Path | None
     plot_panels(
         panels, "spearman", out / SPEARMAN_PNG, "Predictor rank correlation per step", ylabel="Spearman(V~, V^)"
     )
-    return tables
+    result.plots = [out / CALIBRATION_PNG, out / SPEARMAN_PNG]
+    if any(c["run"].get("roots") or c["run"]["prefixes"] for c in calibration.values()):
+        result.plots.append(plot_reliability(calibration, out / RELIABILITY_PNG, max_depth))
+    return result
 
 
 def spearman_by_step(records: list[dict]) -> list[dict]:
@@ -163,6 +215,154 @@ def plot_calibration(by_method: dict[str, list[dict]], path: Path, max_depth: in
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _curve(ax, bins: list[dict], **style) -> None:
+    """A reliability curve from `calibration.reliability` rows: bins with fewer than MIN_PER_BIN samples left out."""
+    keep = [b for b in bins if b["n"] >= MIN_PER_BIN]
+    if keep:
+        ax.plot([b["pred"] for b in keep], [b["real"] for b in keep], ms=4, lw=1.3, **style)
+
+
+def plot_reliability(calibration: dict[str, dict[str, dict]], path: Path, max_depth: int) -> Path:
+    """One row per method: roots per period, prefixes by depth (the run), flips of the chosen prefixes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(calibration)
+    fig, axes = plt.subplots(len(names), 3, figsize=(11.4, 3.8 * len(names)), dpi=100, squeeze=False)
+    for row, name in zip(axes, names):
+        by_period = calibration[name]
+        run = by_period["run"]
+        for k, (label, tab) in enumerate(by_period.items()):
+            if tab.get("roots"):
+                s = tab["roots"]
+                lab = f"{label}: n={s['n']:.0f}, ECE {s['ece']:.2f}"
+                _curve(row[0], s["bins"], marker="osD"[k % 3], color=f"C{k}", label=lab)
+        for d, dn in enumerate(depth_names(max_depth)):
+            s = run["prefixes"].get(dn)
+            if s:
+                lab = f"depth {dn}: n={s['n']:.0f}, ECE {s['ece']:.2f}"
+                _curve(row[1], s["bins"], marker="osD^v"[d % 5], color=f"C{d}", label=lab)
+        for d, dn in enumerate(depth_names(max_depth)):
+            f = run["flips"].get(dn)
+            if f:
+                size = 12 + 4 * math.sqrt(f["continuations"])
+                row[2].scatter(f["pred"], f["real"], s=size, color=f"C{d}", label=f"depth {dn} (q of V~)", zorder=3)
+                row[2].scatter(f["recal"], f["real"], s=size, facecolors="none", edgecolors=f"C{d}", zorder=3)
+                row[2].plot([f["pred"], f["recal"]], [f["real"]] * 2, color=f"C{d}", lw=0.8, ls=":")
+        if run.get("flips_by_q"):
+            _curve(row[2], run["flips_by_q"], marker="x", color="0.3", label="binned by q")
+        titles = (
+            f"{name}: roots, V~ vs bare rollouts",
+            f"{name}: prefixes, V~ vs own rollout",
+            f"{name}: flips (hollow: V~ recalibrated)",
+        )
+        labels = (
+            ("predicted V~", "realised success"),
+            ("predicted V~", "realised success"),
+            ("predicted flip q", "realised flip share"),
+        )
+        for k, (ax, title, (xl, yl)) in enumerate(zip(row, titles, labels)):
+            if k and not run["prefixes"]:
+                ax.text(0.5, 0.5, f"{name}: no prefix scored\n(the method does not branch)", ha="center", fontsize=9)
+                ax.set_axis_off()
+                continue
+            ax.plot([0, 1], [0, 1], "k:", lw=1)
+            ax.set(xlim=(0, 1), ylim=(0, 1), aspect="equal", xlabel=xl, ylabel=yl)
+            ax.set_title(title, fontsize=9)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=6.5, loc="upper left")
+    fig.suptitle("Reliability against outcomes no allocation choice biased (dotted: perfect)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _num(x: float, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def format_calibration(diagnosis: Diagnosis) -> str:
+    """The calibration tables of `diagnose`, one set of blocks per method: V~ reliability (summary over the run
+    and its halves, then the bins over the run), the chosen prefixes' flips, and the flips binned by q."""
+    blocks = []
+    names = depth_names(diagnosis.max_depth)
+    for method, by_period in diagnosis.calibration.items():
+        run = by_period["run"]
+        if not run.get("roots") and not run["prefixes"]:
+            blocks.append(f"{method}: no calibration records (predictions.jsonl from before bare outcomes were logged)")
+            continue
+        wheres = [("roots", lambda t: t.get("roots"))]
+        wheres += [(f"depth {dn}", lambda t, dn=dn: t["prefixes"].get(dn)) for dn in names]
+        wheres += [("prefixes", lambda t: t["prefixes"].get("all"))]
+        rows = []
+        for where, get in wheres:
+            for label, tab in by_period.items():
+                s = get(tab)
+                if s:
+                    rows.append([where, label, f"{s['n']:.0f}", _num(s["pred"]), _num(s["real"]), _num(s["ece"])])
+        header = ["where", "period", "n", "predicted", "realised", "ece"]
+        blocks.append(
+            "\n".join(
+                [
+                    f"{method}: V~ against outcomes no choice biased (roots: their bare rollouts; prefixes: every "
+                    "anchor against its own rollout)",
+                    *_table(header, rows),
+                ]
+            )
+        )
+        rows = []
+        for where, get in wheres:
+            s = get(run)
+            for b in s["bins"] if s else []:
+                gap = f"{b['real'] - b['pred']:+.3f}"
+                rows.append(
+                    [where, f"{b['lo']:.1f}-{b['hi']:.1f}", f"{b['n']:.0f}", _num(b["pred"]), _num(b["real"]), gap]
+                )
+        header = ["where", "V~ bin", "n", "predicted", "realised", "realised - predicted"]
+        blocks.append("\n".join([f"{method}: reliability bins over the run", *_table(header, rows)]))
+        rows = []
+        for dn in [*names, "all"]:
+            for label, tab in by_period.items():
+                f = tab["flips"].get(dn)
+                if f:
+                    rows.append(
+                        [
+                            "prefixes" if dn == "all" else f"depth {dn}",
+                            label,
+                            str(f["chosen"]),
+                            str(f["continuations"]),
+                            _num(f["pred"]),
+                            _num(f["recal"]),
+                            _num(f["real"]),
+                            _num(f["anchors_pred"]),
+                        ]
+                    )
+        if rows:
+            header = ["where", "period", "chosen", "continuations", "predicted", "V~ recal.", "realised", "all anchors"]
+            blocks.append(
+                "\n".join(
+                    [
+                        f"{method}: flips of the prefixes stage 2 chose (predicted q = 1 - V~ after a success, V~ "
+                        "after a failure; V~ recal.: q with V~ mapped to its bin's realised success; all anchors: "
+                        "mean q of every anchor)",
+                        *_table(header, rows),
+                    ]
+                )
+            )
+        if run.get("flips_by_q"):
+            rows = [
+                [f"{b['lo']:.1f}-{b['hi']:.1f}", f"{b['n']:.0f}", _num(b["pred"]), _num(b["real"])]
+                for b in run["flips_by_q"]
+            ]
+            header = ["q bin", "continuations", "predicted", "realised"]
+            blocks.append("\n".join([f"{method}: flips by predicted q over the run", *_table(header, rows)]))
+    return "\n\n".join(blocks)
 
 
 def format_p(p: float) -> str:

@@ -60,3 +60,32 @@ def test_trimming_refuses_a_fifo_instead_of_waiting_on_it(tmp_path):
     os.mkfifo(path)
     with pytest.raises(UserError, match="metrics.jsonl.*FIFO"):
         keep_records_before(path, 2)
+
+
+def test_a_tiny_run_logs_calibration_that_agrees_with_its_own_counts():
+    """The per-step calibration metrics of `step_record`, on a tiny testbed run (the engine every command shares)."""
+    from trace_rl.methods import BudgetPlan
+    from trace_rl.testbed.simulate import SimulateConfig, run_simulation
+
+    budget = BudgetPlan(prompts=8, rollouts_per_prompt=4, pool_factor=3, max_per_prompt=6)
+    cfg = SimulateConfig(
+        methods=["trace", "grpo"], seed=2, steps=3, train_tasks=64, eval_tasks=8, progress=False, budget=budget
+    )
+    res = run_simulation(cfg)
+    for rec in res["trace"]:
+        assert rec["predictor/calib_root_n"] == rec["rollout/bare_rollouts"]  # every bare rollout, one sample each
+        assert rec["predictor/flip_continuations"] == rec["rollout/continuations"]  # each starts at a chosen anchor
+        assert rec["predictor/flip_real"] * rec["rollout/continuations"] == pytest.approx(rec["rollout/flips"])
+        assert rec["predictor/examples_root"] == rec["alloc/active_prompts"]
+        assert 0 < rec["predictor/examples_prefix"] <= rec["predictor/flip_chosen"]  # only chosen anchors teach
+        by_depth = [k for k in rec if k.startswith("predictor/flip_d") and k.endswith("_continuations")]
+        assert sum(rec[k] for k in by_depth) == rec["predictor/flip_continuations"]
+        assert rec["predictor/calib_prefix_n"] == sum(
+            rec[k] for k in rec if k.startswith("predictor/calib_prefix_d") and k.endswith("_n")
+        )
+        for key in ("calib_root_ece", "calib_prefix_ece", "flip_pred", "flip_anchors_pred"):
+            assert 0.0 <= rec[f"predictor/{key}"] <= 1.0, key
+    for rec in res["grpo"]:  # no prefix is scored: only the roots' calibration
+        assert "predictor/calib_root_ece" in rec and not any(
+            k.startswith(("predictor/calib_prefix", "predictor/flip")) for k in rec
+        )

@@ -136,6 +136,10 @@ def test_the_start_the_standard_error_and_the_predictions_are_logged(tmp_path):
     assert summary["held_out_digest"] and summary["pools_digest"]
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert preds and {p["step"] for p in preds} <= {0, 1} and all(p["method"] == "trace" for p in preds)
+    for rec in recs:  # the roots' calibration against their bare rollouts, every step (predictors.calibration)
+        assert rec["predictor/calib_root_n"] == rec["rollout/bare_rollouts"], rec
+        assert 0 <= rec["predictor/calib_root_ece"] <= 1 and rec["predictor/examples_root"] >= 1
+    assert all(p["bare_rollouts"] >= 1 for p in preds if p["depth"] == 0)
     assert (out / "chain.png").is_file() and (out / "accuracy.png").is_file()
 
 

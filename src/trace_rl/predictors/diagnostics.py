@@ -24,11 +24,13 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..tree import RolloutTree
+from .calibration import ece, reliability
 
 
 def node_records(trees: Iterable[RolloutTree]) -> list[dict]:
-    """(depth, predicted, target, leaves) of every scored node with leaves below it; a chosen prefix (an anchor
-    with continuations) adds bare_reward, continuations and flips."""
+    """(depth, predicted, target, leaves) of every scored node with leaves below it. A root adds bare_rollouts and
+    bare_successes (its finished bare rollouts, rewards above 0.5); an anchor adds bare_reward (its rollout's
+    reward), and a chosen one (with continuations) continuations and flips. `calibration` reads these."""
     out = []
     for tree in trees:
         anchors = {node.node_id: r for node, r in tree.anchors()}
@@ -40,11 +42,16 @@ def node_records(trees: Iterable[RolloutTree]) -> list[dict]:
                     "target": float(node.target),
                     "leaves": int(node.leaves),
                 }
-                started = tree.started_rewards(node.node_id) if node.node_id in anchors else []
-                if started:
+                if node.node_id == tree.root_id:
+                    bare = tree.started_rewards(node.node_id)
+                    rec.update({"bare_rollouts": len(bare), "bare_successes": int(sum(x > 0.5 for x in bare))})
+                elif node.node_id in anchors:
                     r = anchors[node.node_id]
-                    flips = sum((x > 0.5) != (r > 0.5) for x in started)
-                    rec.update({"bare_reward": r, "continuations": len(started), "flips": int(flips)})
+                    rec["bare_reward"] = r
+                    started = tree.started_rewards(node.node_id)
+                    if started:
+                        flips = sum((x > 0.5) != (r > 0.5) for x in started)
+                        rec.update({"continuations": len(started), "flips": int(flips)})
                 out.append(rec)
     return out
 
@@ -111,16 +118,8 @@ def spearman(x, y) -> tuple[float, float]:
 
 
 def calibration_error(pred, target, bins: int = 10) -> float:
-    pred, target = np.asarray(pred, float), np.asarray(target, float)
-    if len(pred) == 0:
-        return float("nan")
-    idx = np.minimum((pred * bins).astype(int), bins - 1)
-    err = 0.0
-    for b in range(bins):
-        sel = idx == b
-        if sel.any():
-            err += sel.sum() * abs(pred[sel].mean() - target[sel].mean())
-    return float(err / len(pred))
+    """ECE of `pred` against `target` (equal-width bins weighted by count; `calibration.ece`); nan when empty."""
+    return ece(reliability(pred, target, bins=bins))
 
 
 def brier(pred, target) -> float:

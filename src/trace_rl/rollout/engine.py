@@ -46,6 +46,7 @@ class StepResult:
     unspent_prefix_budget: int = 0  # stage-2 budget of prompts with no anchor (every bare rollout ended at once)
     worker_retries: int = 0  # prompts started again after their worker died (Ray executor; 0 in process)
     predictor_loss: float | None = None
+    predictor_examples: tuple[int, int] = (0, 0)  # (roots, prefixes) the predictor's update was given
     time: dict = field(default_factory=lambda: dict.fromkeys(TIMERS, 0.0))
     events: list[tuple[str, int, float]] = field(default_factory=list)  # (what, prompt index, seconds into step)
 
@@ -149,6 +150,8 @@ class TreeRolloutEngine:
             rng = derive_rng(self.seed, "predictor-examples", step)
             examples, targets = training_examples(active, self.prefix_share, rng)
             result.predictor_loss = float(self.predictor.update(examples, targets)) if examples else None
+            roots = sum(node_id == tree.root_id for tree, node_id in examples)
+            result.predictor_examples = (roots, len(examples) - roots)
             clock.add("predictor", time.perf_counter() - t0)
         clock.seconds["total"] = time.perf_counter() - start
         result.time = dict(clock.seconds)

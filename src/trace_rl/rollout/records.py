@@ -8,7 +8,11 @@ A record is flat JSON with slash-namespaced keys (verl's and TRL's convention):
   generated_tokens, prefix_generated_tokens, worker_retries (prompts started again after their Ray worker died)
 - `alloc/*`: how the budget was placed: pool, active_prompts, prefix_share (continuations / rollouts),
   unspent_prefix_budget
-- `predictor/*`: loss of the update, spearman_root, spearman_depth_1, spearman_prefix, ece, brier
+- `predictor/*`: loss of the update and its examples (examples_root, examples_prefix); V~ against V^:
+  spearman_root, spearman_depth_1, spearman_prefix, ece, brier; calibration against outcomes no choice biased
+  (`predictors.calibration.step_calibration`): calib_root_{n,pred,real,ece}, calib_prefix_{n,pred,real,ece},
+  calib_prefix_d1_{n,pred,real} .. d4plus_*, and the chosen prefixes' flips flip_{chosen,continuations,pred,
+  real,anchors_pred}, flip_d1_{continuations,pred,real} .. d4plus_*
 - `timing_s/*`: generate, env, predictor, allocate, total, overhead, and what the command adds (update, eval)
 - `eval/*` and `train/*`: added by the command when it evaluates or trains (e.g. eval/accuracy)
 Summaries, plots and `diagnose` read these keys only.
@@ -32,6 +36,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
+from ..predictors.calibration import step_calibration
 from ..predictors.diagnostics import node_records, spearman_rho, step_diagnostics
 from ..safe_read import NotRegularFile, check_regular
 from .engine import StepResult
@@ -58,8 +63,8 @@ class StepRecord:
         return out
 
 
-def _spearman_depth_1(trees: list) -> dict:
-    recs = [r for r in node_records(trees) if r["depth"] == 1]
+def _spearman_depth_1(records: list[dict]) -> dict:
+    recs = [r for r in records if r["depth"] == 1]
     if len(recs) < 3:
         return {}
     rho = spearman_rho([r["predicted"] for r in recs], [r["target"] for r in recs])  # numpy only: no SciPy needed
@@ -72,10 +77,13 @@ def step_record(result: StepResult, seed: int = 0) -> StepRecord:
     budget = tree_budget(active)
     flips, _ = continuation_flips(active)
     rollouts = result.rollouts
+    nodes = node_records(active)
     diag = {k.removeprefix("diag_"): v for k, v in step_diagnostics(active).items()}
-    diag.update(_spearman_depth_1(active))
+    diag.update(_spearman_depth_1(nodes))
+    diag.update(step_calibration(nodes))
     if result.predictor_loss is not None:
         diag["loss"] = result.predictor_loss
+        diag["examples_root"], diag["examples_prefix"] = result.predictor_examples
     groups = contrast_groups(active)
     return StepRecord(
         method=result.method,
