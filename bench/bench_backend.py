@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from trace_rl.backends.base import SamplingParams
+from trace_rl.errors import UserError
 from trace_rl.methods import BudgetPlan, get_method
 from trace_rl.stack.build import build_actor, build_engine, build_env, build_predictor
 from trace_rl.stack.config import EngineConfig, LMEnvConfig, LMPredictorConfig
@@ -126,7 +127,11 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = QUICK if args.quick else FULL
     new_tokens = args.new_tokens or sizes.new_tokens
     torch.manual_seed(0)
-    policy, label = load_policy(args.model, args.device)
+    try:
+        policy, label = load_policy(args.model, args.device)
+    except (UserError, ValueError) as err:  # a model that cannot load here: one line, as the commands say it
+        print(f"bench_backend: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     be, tok = policy.backend, policy.tokenizer
     print(
         f"model {label}: {sum(p.numel() for p in be.model.parameters()) / 1e6:.1f}M parameters on {args.device}, "

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from trace_rl.backends.base import SamplingParams
+from trace_rl.errors import UserError
 from trace_rl.methods import BudgetPlan, get_method
 from trace_rl.predictors.lm_critic import LMCritic
 from trace_rl.stack.build import build_actor, build_engine, build_env, build_predictor
@@ -88,20 +89,22 @@ def main(argv: list[str] | None = None) -> dict:
     steps = args.steps or (1 if args.quick else 2)
     max_new_tokens = 8 if args.quick else 32
     hidden, layers = (64, 2) if args.quick else (256, 4)
-    policy, label = load_policy(args.model, args.device)
     method = get_method("trace")
-    makers = [("light (hashed n-grams + logistic)", lambda: build_predictor(LMPredictorConfig(), method, 0))]
-    makers.append(
-        (f"random causal critic {layers}x{hidden} (prefix-shared)", lambda: random_causal_critic(hidden, layers))
-    )
-    for name in args.critic:  # validated and built as predictor.kind=NAME is
-        makers.append((f"LM critic {name}", lambda name=name: build_predictor(LMPredictorConfig(kind=name), method, 0)))
+    try:  # every predictor and the policy before any step: a critic or model that cannot load here is one line
+        predictors = {"light (hashed n-grams + logistic)": build_predictor(LMPredictorConfig(), method, 0)}
+        predictors[f"random causal critic {layers}x{hidden} (prefix-shared)"] = random_causal_critic(hidden, layers)
+        for name in args.critic:  # validated and built as predictor.kind=NAME is
+            predictors[f"LM critic {name}"] = build_predictor(LMPredictorConfig(kind=name), method, 0)
+        policy, label = load_policy(args.model, args.device)
+    except (UserError, ValueError, FileNotFoundError) as err:
+        print(f"bench_predictor: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"policy {label}, {torch.get_num_threads()} threads; {steps} TRACE steps of {plan.total} rollouts each")
     # one untimed call first: the first forwards pay one-time costs that would be charged to the first predictor
     policy.backend.generate([policy.tokenizer("warm up", add_special_tokens=False).input_ids], SamplingParams())
     out = {}
-    for label_, make in makers:
-        r = measure(policy, make(), plan, steps, max_new_tokens)
+    for label_, predictor in predictors.items():
+        r = measure(policy, predictor, plan, steps, max_new_tokens)
         out[label_] = r
         saving = ""
         if r["tokens_naive"]:

@@ -35,6 +35,8 @@ def test_quick_run_on_the_fallback_policy(capsys):
         assert what in text
 
 
-def test_a_model_that_is_not_tiny_does_not_fall_back():
-    with pytest.raises(ValueError, match="model"):
-        bench_backend.load_policy("/no/such/model")
+def test_a_model_that_cannot_load_is_one_line_and_no_fallback(capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench_backend.main(["--quick", "--model", "/no/such/model"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "model: '/no/such/model'" in err

@@ -35,3 +35,11 @@ def test_quick_run_measures_every_predictor(tmp_path, capsys):
     for r in (random_critic, named):  # causal: the prompt's KV is shared by every prefix of its tree
         assert 0 < r["tokens_encoded"] < r["tokens_naive"]
     assert text.count("% of the step") == 3 and "one prefix at a time" in text
+
+
+def test_a_critic_that_is_not_one_is_one_line_before_any_step(capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench_predictor.main(["--quick", "--model", "random-tiny", "--critic", "no-such-critic"])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2 and err.count("\n") == 1 and "kind: 'no-such-critic'" in err
+    assert "% of the step" not in out
