@@ -39,11 +39,11 @@ def measure(label: str, n: int) -> None:
     score = median_ms(env.score, max(3, n // 10))
     bare = ""
     if importlib.util.find_spec("trace_rl.envs.bounded") is not None:  # absent before the worker existed
-        from trace_rl.envs.bfcl_env import _probe_calls  # with no calls: nothing but the copy
+        from trace_rl.envs.bfcl_env import MAX_STATE_BYTES, _run_in_copy  # with no calls: nothing but the copy
         from trace_rl.envs.bounded import run_bounded, run_forked
 
         fork = median_ms(lambda: run_forked(lambda tick: None, 2.0), n)
-        worker = median_ms(lambda: run_bounded(_probe_calls, ({}, []), 2.0), n)
+        worker = median_ms(lambda: run_bounded(_run_in_copy, ({}, [], MAX_STATE_BYTES), 2.0), n)
         bare = f"; an empty bounded run: {worker:.2f} ms on the worker, {fork:.2f} ms forking this process"
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import math
 import os
 import sys
@@ -174,6 +175,13 @@ def main() -> int:
 
     from trace_rl.envs.sandbox import SandboxUnavailable
 
+    if importlib.util.find_spec("vllm") is None:  # a line, not the traceback of its import deep in the first check
+        print(
+            "gpu_smoke: vllm is not installed in this interpreter (run it with .venv-vllm/bin/python, made by "
+            "scripts/install_vllm_env.sh, or pip install -e '.[vllm]')",
+            file=sys.stderr,
+        )
+        return 2
     try:  # every bad setting is one line before any model loads
         make_env = env_factory(args.env, args.sandbox)
         path = model_dir(args.model)

@@ -67,3 +67,12 @@ def test_step_figures_average_the_finished_rollouts_of_every_tree():
         trees.append(tree)
     res = SimpleNamespace(trees=trees, rollouts=5, generated_tokens=70)
     assert gpu_smoke.step_figures(res) == {"rollouts": 5, "tokens": 70, "mean_reward": 0.75}
+
+
+def test_without_vllm_it_stops_in_one_line(monkeypatch, capsys):
+    real = gpu_smoke.importlib.util.find_spec
+    monkeypatch.setattr(gpu_smoke.importlib.util, "find_spec", lambda name: None if name == "vllm" else real(name))
+    monkeypatch.setattr("sys.argv", ["gpu_smoke.py", "--device", "cpu", "--model", "random-tiny", "--sandbox", "weak"])
+    assert gpu_smoke.main() == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vllm is not installed" in err
