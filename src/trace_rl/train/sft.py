@@ -243,7 +243,9 @@ def _train_and_save(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict | 
         f"trained {stats['steps']} steps, {stats['tokens']:,} tokens in {stats['seconds']:.0f}s "
         f"({stats['tokens'] / max(stats['seconds'], 1e-9):,.0f} tok/s), final loss {stats['loss']:.3f}"
     )
-    spec = build_env(LMEnvConfig())  # the report is on the calculator's default mix (1-4 steps, 1-2 digits)
+    # the report is on the env's default mix, the RL mix (1-5 steps, 1-3 digits): wider than the demonstrations'
+    # DEMO_MIX (1-4 steps, 1-2 digits), so it shows how far the warm start reaches past what it was shown
+    spec = build_env(LMEnvConfig())
     params = cfg.policy.sampling(spec.max_new_tokens)
     actor = build_actor(build_policy(cfg.policy, model=model, tokenizer=tok), spec, params, EngineConfig())
     report, trees = success_by_group(
