@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from trace_rl.advantages import EPS
-from trace_rl.allocation import root_value, spendable_root_budget
+from trace_rl.allocation import root_value, spendable_root_budget, tie_order
 from trace_rl.root_objectives import TEACH_ALPHA, allocate_by_value, allocate_roots_teach, teach_value
 
 
@@ -106,6 +106,7 @@ def test_ties_are_seeded_and_reproducible():
     v = np.full(10, 0.5)
     a = allocate_roots_teach(v, 16, 8, "grad", seed=3)
     assert np.array_equal(a, allocate_roots_teach(v, 16, 8, "grad", seed=3))
+    assert set(np.flatnonzero(a)) == set(np.argsort(tie_order(10, 3))[:2])  # the first two in seeded order
     picks = {tuple(allocate_roots_teach(v, 16, 8, "grad", seed=s)) for s in range(20)}
     assert len(picks) > 1 and all(sorted(p)[-2:] == [8, 8] for p in picks)
 
