@@ -11,7 +11,8 @@ budget.max_per_prompt, another learning rate) gets a name of its own. Only seeds
 Prints one line per method (final accuracy with its t interval over seeds; the allocation and update chain per
 step: effective ratio, prompts trained, rows with a non-zero advantage, update norm; rollouts and turns) and one
 per pair (a - b paired by seed at equal rollouts and at equal turns, percentile bootstrap 95% intervals, and the
-per-seed differences at equal rollouts), from `trace_rl.testbed.report`.
+per-seed differences at equal rollouts), from `trace_rl.testbed.report`; with --curve, also a - b at each of a's
+evaluations (b's curve read at a's rollouts), to see where along training a difference opens.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from trace_rl.rollout.records import read_metrics
-from trace_rl.stats import mean_ci
-from trace_rl.testbed.report import curve, paired_difference
+from trace_rl.stats import mean_ci, paired_bootstrap_ci
+from trace_rl.testbed.report import accuracy_at, curve, paired_difference
 
 
 def load(spec: str) -> dict[int, dict[str, list[dict]]]:
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("runs", nargs="+", help="simulate output directories, each optionally RUN@TAG")
     ap.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"), help="report A - B")
     ap.add_argument("--seeds", help="only these seeds (100-107 or 0,1,2)")
+    ap.add_argument("--curve", action="store_true", help="also a - b at each evaluation of a, at equal rollouts")
     args = ap.parse_args(argv)
     merged: dict[int, dict[str, list[dict]]] = {}
     seed_sets = []
@@ -111,6 +113,12 @@ def main(argv: list[str] | None = None) -> None:
         seeds_txt = " ".join(f"{100 * d:+.1f}" for d in r["per_seed"])
         at_rollouts, at_turns = fmt(r["mean"], r["lo"], r["hi"]), fmt(t["mean"], t["lo"], t["hi"])
         print(f"{a + ' - ' + b:<40} {at_rollouts:<22} {at_turns:<22} {seeds_txt}")
+        if args.curve:
+            xs = np.mean([curve(x)[0] for x in ra], axis=0)
+            for i, x in enumerate(xs[1:], 1):
+                d = [accuracy_at(p, curve(p)[0][i]) - accuracy_at(q, curve(p)[0][i]) for p, q in zip(ra, rb)]
+                lo_hi = paired_bootstrap_ci(d, np.zeros(len(d)))
+                print(f"    at {x:>6.0f} rollouts: {fmt(*lo_hi)}")
 
 
 if __name__ == "__main__":
