@@ -17,8 +17,10 @@ import numpy as np
 
 from .allocation import allocate_prefixes, allocate_roots
 from .knapsack import allocate_knapsack_rl, allocate_knapsack_rl_repaired
+from .root_objectives import TEACH_ALPHA, allocate_roots_teach
 
-ROOT_STRATEGIES = ("uniform", "pcl", "knapsack", "knapsack_repaired", "active")
+# active_<objective>: TRACE's exact root allocation of a root objective weighted by what a group teaches
+ROOT_STRATEGIES = ("uniform", "pcl", "knapsack", "knapsack_repaired", "active", *(f"active_{o}" for o in TEACH_ALPHA))
 PREFIX_STRATEGIES = ("none", "random", "active")
 
 
@@ -53,6 +55,11 @@ METHODS: dict[str, Method] = {
         Method("trace_prefix_only", "uniform", "active", "trace"),
         # PCL's root allocation under TRACE's prefix stage and estimator: the tree estimator where PCL applies
         Method("trace_pcl_root", "pcl", "active", "trace"),
+        # TRACE with a root objective weighted by what a group teaches (root_objectives.py): expected rows with a
+        # non-zero advantage, the expected std-scaled step, the expected unscaled step
+        Method("trace_rows", "active_rows", "active", "trace"),
+        Method("trace_grad", "active_grad", "active", "trace"),
+        Method("trace_grad_unscaled", "active_grad_unscaled", "active", "trace"),
     ]
 }
 
@@ -121,6 +128,8 @@ def allocate_method_roots(method: Method, v: np.ndarray, plan: BudgetPlan, seed:
         m[:p] = allocate_knapsack_rl_repaired(v[:p], budget, seed=seed)
     elif method.root == "active":
         m = allocate_roots(v, budget, plan.max_per_prompt, seed=seed)
+    elif method.root.startswith("active_") and method.root[len("active_") :] in TEACH_ALPHA:
+        m = allocate_roots_teach(v, budget, plan.max_per_prompt, method.root[len("active_") :], seed=seed)
     else:
         raise ValueError(f"unknown root strategy {method.root!r}; choose from {ROOT_STRATEGIES}")
     return m

@@ -37,6 +37,10 @@ def test_uniform_and_pcl_and_active(plan):
     assert np.flatnonzero(m).tolist() == [2, 3, 6, 9] and m[[2, 3, 6, 9]].tolist() == [4, 4, 4, 4]
     m = allocate_method_roots(get_method("trace"), v, plan)
     assert m[[0, 1, 7, 8, 11]].sum() == 0  # hopeless and trivial prompts are skipped
+    # a root objective weighted by what a group teaches fills the prompts nearest 1/2 (0.45 and 0.55 tie) to m_max
+    for name in ("trace_rows", "trace_grad", "trace_grad_unscaled"):
+        m = allocate_method_roots(get_method(name), v, plan, seed=1)
+        assert m[2] == 8 and sorted(m[[3, 6]].tolist()) == [0, 8] and m.sum() == 16, name
     m = allocate_method_roots(get_method("knapsack_rl"), v, plan)
     assert m[:4].min() >= 2 and m[4:].sum() == 0 and m.sum() == 32
     # as upstream: 24 above the minimums; costs 3 (p = 0.5) + 3 (p = 0.45) = 6 < 24, so 18 go to the p = 0

@@ -8,7 +8,7 @@ from trace_rl.config import ConfigError, load_config
 from trace_rl.methods import BudgetPlan
 from trace_rl.testbed import simulate as sim
 from trace_rl.testbed.env import DEFAULT_MIX, TestbedConfig
-from trace_rl.testbed.report import accuracy_at, curve, format_seed_table, seed_statistics
+from trace_rl.testbed.report import accuracy_at, curve, format_seed_table, paired_difference, seed_statistics
 from trace_rl.testbed.simulate import PRESETS, SimulateConfig, TestbedPolicyConfig, run_seeds
 
 
@@ -76,8 +76,17 @@ def test_seed_statistics_by_hand():
     g = rows["grpo"]
     assert g["trace_minus"]["mean"] == pytest.approx(0.05) and "minus_grpo" not in g
     assert g["rollouts_to_grpo_final"]["mean"] == pytest.approx(40.0)
+    # at equal turns (trace's 40, grpo's 80): trace 0.7 and 0.5 against grpo's 0.4 and 0.3 at 40 turns
+    assert t["minus_grpo_turns"]["mean"] == pytest.approx(0.25) and g["trace_minus_turns"]["mean"] == pytest.approx(
+        0.25
+    )
     table = format_seed_table(list(rows.values()))
-    assert "+0.050 [+0.000, +0.100]" in table and "35 [" in table
+    assert "+0.050 [+0.000, +0.100]" in table and "35 [" in table and "+0.250 [+0.200, +0.300]" in table
+    pair = paired_difference(grpo, trace, "turns")
+    assert pair["per_seed"] == pytest.approx([-0.3, -0.2]) and pair["mean"] == pytest.approx(-0.25)
+    assert paired_difference(trace, grpo)["per_seed"] == pytest.approx([0.1, 0.0])  # equal rollouts by default
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_difference(grpo, trace[:1])
 
 
 def test_a_method_that_never_reaches_the_target_counts_no_seed():

@@ -1,11 +1,13 @@
 """What several seeds of `trace-rl simulate` say about accuracy: start and end accuracy per method with t
 intervals, the rollouts (and turns) each method needs to reach GRPO's final accuracy on the same seed, and
-paired per-seed differences at equal rollouts with bootstrap intervals; plus the accuracy-vs-rollouts plot
-with seed bands.
+paired per-seed differences at equal rollouts and at equal turns with bootstrap intervals; plus the
+accuracy-vs-rollouts plot with seed bands.
 
 Choices, stated: "equal rollouts" compares two methods on one seed at the smaller of their two final rollout
 counts (tree methods may leave prefix budget unspent), reading each accuracy curve by linear interpolation
-between evaluations; a curve starts at (0 rollouts, accuracy before training). The target of "rollouts to
+between evaluations; a curve starts at (0 rollouts, accuracy before training). "Equal turns" does the same on
+the curves against turns (the testbed's generation cost: a continuation replays its prefix and generates only
+the rest), so it reads the cheaper run at its end and the dearer one part-way. The target of "rollouts to
 GRPO's final accuracy" is GRPO's final accuracy on that seed, so a method that never reaches it on a seed
 counts in `reached` but not in the mean. Intervals are 95% (stats.py); with 8 seeds a t interval is about
 +-0.8 standard deviations of the per-seed values.
@@ -34,10 +36,26 @@ def curve(records: list[dict], cost: str = "rollout/rollouts") -> tuple[np.ndarr
     return np.array(xs), np.array(ys)
 
 
-def accuracy_at(records: list[dict], rollouts: float) -> float:
-    """Accuracy read off the rollout curve at `rollouts` (linear between evaluations)."""
-    xs, ys = curve(records)
-    return float(np.interp(rollouts, xs, ys))
+def accuracy_at(records: list[dict], spent: float, cost: str = "rollout/rollouts") -> float:
+    """Accuracy read off the curve against `cost` at `spent` (linear between evaluations)."""
+    xs, ys = curve(records, cost)
+    return float(np.interp(spent, xs, ys))
+
+
+def paired_difference(a: list[list[dict]], b: list[list[dict]], cost: str = "rollouts", level: float = 0.95) -> dict:
+    """Method a minus method b, paired by seed (a[i] and b[i] are one seed's records), each seed read at the
+    smaller of the two runs' final `cost` ("rollouts" or "turns"): mean, percentile bootstrap interval, and the
+    per-seed differences."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired_difference needs the same seeds on both sides, got {len(a)} and {len(b)}")
+    key = f"rollout/{cost}"
+    diffs = []
+    for ra, rb in zip(a, b):
+        at = min(curve(ra, key)[0][-1], curve(rb, key)[0][-1])
+        diffs.append(accuracy_at(ra, at, key) - accuracy_at(rb, at, key))
+    row = _ci(paired_bootstrap_ci(diffs, np.zeros(len(diffs)), level))
+    row["per_seed"] = diffs
+    return row
 
 
 def _ci(triple: tuple[float, float, float]) -> dict:
@@ -70,13 +88,11 @@ def seed_statistics(runs: Runs, focus: str = "trace", baseline: str = "grpo", le
         for other, sign, key in ((baseline, 1, f"minus_{baseline}"), (focus, -1, f"{focus}_minus")):
             if other not in runs[0] or other == name:
                 continue
-            mine, theirs = [], []
-            for run in runs:
-                at = min(curve(run[name])[0][-1], curve(run[other])[0][-1])
-                mine.append(accuracy_at(run[name], at))
-                theirs.append(accuracy_at(run[other], at))
-            a, b = (mine, theirs) if sign > 0 else (theirs, mine)
-            row[key] = _ci(paired_bootstrap_ci(a, b, level))
+            theirs = [run[other] for run in runs]
+            a, b = (recs, theirs) if sign > 0 else (theirs, recs)
+            for cost, suffix in (("rollouts", ""), ("turns", "_turns")):
+                pair = paired_difference(a, b, cost, level)
+                row[key + suffix] = {k: pair[k] for k in ("mean", "lo", "hi")}
         rows.append(row)
     return rows
 
@@ -102,6 +118,7 @@ def format_seed_table(rows: list[dict], focus: str = "trace", baseline: str = "g
         ("gain", lambda r: _fmt(r["gain"], signed=True)),
         (f"this - {baseline} @ equal rollouts", lambda r: _fmt(r.get(f"minus_{baseline}"), signed=True)),
         (f"{focus} - this @ equal rollouts", lambda r: _fmt(r.get(f"{focus}_minus"), signed=True)),
+        (f"{focus} - this @ equal turns", lambda r: _fmt(r.get(f"{focus}_minus_turns"), signed=True)),
         (f"rollouts to {baseline} final", lambda r: _fmt(r.get(f"rollouts_to_{baseline}_final"), 0)),
         (f"turns to {baseline} final", lambda r: _fmt(r.get(f"turns_to_{baseline}_final"), 0)),
         ("rollouts", lambda r: f"{r['rollouts']:.0f}"),
