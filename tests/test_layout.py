@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "trace_rl"
 DESIGN = ROOT / "docs" / "design.md"
-CORE = {"tree", "paths", "allocation", "advantages", "metrics", "methods", "knapsack", "seeding", "stats"}
+CORE = {"tree", "paths", "allocation", "advantages", "metrics", "methods", "knapsack", "vip", "seeding", "stats"}
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
     "errors": 0,
@@ -38,8 +38,8 @@ RANK = {
 }
 # what each unit holds, for the docs' table (a unit missing here fails test_every_unit_is_ranked_and_described)
 HOLDS = {
-    "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's allocator, methods, "
-    "advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
+    "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's and VIP's allocators, "
+    "methods, advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
     "errors": "the user-error types the command line shows as one line (standard library only)",
     "safe_read": "reading files a damaged disk may have replaced: regular files only, bounded, strict JSON "
     "(standard library only)",
@@ -47,7 +47,8 @@ HOLDS = {
     "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the warm-start cache; "
     "the KV-cache keyword",
     "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",
-    "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, diagnostics",
+    "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, VIP's "
+    "Gaussian process and its prompt embeddings, diagnostics",
     "envs": "env protocol and ReAct action format; calculator, math + sandbox, QA + retrieval server, BFCL; "
     "task loaders and registry",
     "agent": "ReAct turns over token histories",

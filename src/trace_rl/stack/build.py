@@ -131,13 +131,18 @@ def build_policy(
 
 
 def build_predictor(cfg: LMPredictorConfig, method: Method, seed: int, warmup: Sequence = ()):
-    """A fresh predictor for one method: reward history for Knapsack RL, else the configured V~, fitted on the
-    `warmup` trees first (every method's predictor sees the same ones)."""
+    """A fresh predictor for one method: reward history for Knapsack RL, VIP's Gaussian process for VIP, else the
+    configured V~, fitted on the `warmup` trees first (every method's predictor sees the same ones)."""
     from ..predictors.history import RewardHistoryPredictor
     from ..predictors.text import light_text_predictor
 
     if method.predictor == "history":
         pred = RewardHistoryPredictor()
+    elif method.predictor == "gp":
+        from ..predictors.embedders import HashedPromptEmbedder, MiniLMEmbedder
+        from ..predictors.gp import GaussianProcessPredictor
+
+        pred = GaussianProcessPredictor(HashedPromptEmbedder() if cfg.gp_encoder == "hashed" else MiniLMEmbedder())
     elif cfg.kind == "light":
         pred = light_text_predictor(seed=seed)
     else:
