@@ -8,7 +8,6 @@ solution, and must match a brute-force search on small problems."""
 import contextlib
 import importlib.util
 import io
-import itertools
 from pathlib import Path
 
 import numpy as np

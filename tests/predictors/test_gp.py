@@ -49,9 +49,8 @@ def test_the_port_is_upstreams_gpr_as_the_trainer_drives_it(seed):
     """15 steps: each fits a random batch's success rates (0 and 1 included: logits +-13.8) and predicts
     another batch; the logits agree to 1e-9 although upstream updates a dense mean and the port sums lazily."""
     e, d, trees = universe(seed)
-    ref = upstream.GPR(
-        d, reuse_covariance=False, reuse_mean=True, return_std=False, qid_to_idx={i: i for i in range(60)}, prior_value=-5
-    )
+    index = {i: i for i in range(60)}
+    ref = upstream.GPR(d, reuse_covariance=False, reuse_mean=True, return_std=False, qid_to_idx=index, prior_value=-5)
     gp = GaussianProcessPredictor(Lookup(e))
     rng = np.random.default_rng(seed + 10)
     assert np.allclose(gp.predict(roots(trees, range(60))), 1 / (1 + np.exp(5)))  # the prior before any fit

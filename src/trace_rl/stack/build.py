@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from ..backends.base import PolicyBackend, SamplingParams
 from ..envs.registry import EnvSpec, get_env
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingFileError
 from ..methods import BudgetPlan, Method
 from ..predictors import training_examples
 from ..rollout.engine import TreeRolloutEngine
@@ -142,7 +142,14 @@ def build_predictor(cfg: LMPredictorConfig, method: Method, seed: int, warmup: S
         from ..predictors.embedders import HashedPromptEmbedder, MiniLMEmbedder
         from ..predictors.gp import GaussianProcessPredictor
 
-        pred = GaussianProcessPredictor(HashedPromptEmbedder() if cfg.gp_encoder == "hashed" else MiniLMEmbedder())
+        if cfg.gp_encoder == "hashed":
+            embed = HashedPromptEmbedder()
+        else:
+            try:
+                embed = MiniLMEmbedder()
+            except MissingFileError as err:
+                raise ConfigError(f"predictor.gp_encoder: {err}; or predictor.gp_encoder=hashed (not VIP's)") from None
+        pred = GaussianProcessPredictor(embed)
     elif cfg.kind == "light":
         pred = light_text_predictor(seed=seed)
     else:
