@@ -1,34 +1,41 @@
 """VIP's allocation as trace-rl computes it (exact continuous step) against upstream's (SLSQP at its default
-tolerance, bench/vip_reference.py), at the trainer's call (RLOO rule, 1 <= n <= 32), 8 rollouts a prompt.
+tolerance), at the trainer's call (RLOO rule, 1 <= n <= 32), 8 rollouts a prompt.
 
 For each batch size: the share of batches whose final allocations are identical, the rollouts that move
 between prompts (half the L1 distance) and how far SLSQP's continuous objective sits above the optimum.
 The batches are success rates a GP gives after a step: a mix of observed rates (0 and 1 included) and
-prior-like small values. Prints figures, asserts nothing (needs scipy):
-`PYTHONPATH=src python bench/bench_vip_faithful.py`.
+prior-like small values. Prints figures, asserts nothing. Needs scipy and upstream's
+src/vip/allocation/bernoulli_allocation.py (github.com/HieuNT91/VIP @ 87bedf7), which the repository does not
+ship: `TRACE_RL_VIP_REFERENCE=/path/to/bernoulli_allocation.py PYTHONPATH=src python bench/bench_vip_faithful.py`
+(docs/baselines.md); without it the bench says so in one line and exits with status 2.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
+import upstream_code  # bench/, on the path when the bench runs as a script
 
 from trace_rl.vip import allocate_vip, solve_continuous, vip_objective
+
+VIP = "TRACE_RL_VIP_REFERENCE"
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)  # SLSQP steps onto n = 1, where a/(n-1) is infinite
 
 
 def main() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vip_reference", Path(__file__).with_name("vip_reference.py"))
-    upstream = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(upstream)
+    try:
+        upstream = upstream_code.load(VIP)
+    except ValueError as exc:
+        sys.exit(f"bench_vip_faithful: {exc}")
+    if upstream is None:
+        print(f"bench_vip_faithful: {upstream_code.unset_line(VIP)}", file=sys.stderr)
+        sys.exit(2)
     rng = np.random.default_rng(0)
     for prompts, batches in [(8, 60), (32, 30), (128, 8)]:
         same, moved, gaps, secs = 0, [], [], 0.0

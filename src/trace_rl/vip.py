@@ -18,8 +18,9 @@ Reference: github.com/HieuNT91/VIP (the repository now holds only a README; its 
 src/vip/allocation/bernoulli_allocation.py @ 87bedf7f874f1d61741268de28b4f48d39605b84 (`allocate_rollout`,
 `solve`, `allocation_rounding`, `enforce_min_after_rounding`, `allocation_value`), called by
 train/vip/vip_ray_trainer.py at the same commit as `allocate_rollout(preds, batch_budget, lower=1, upper=32)`:
-the RLOO rule (the call passes none) and lower = 1, so trace-rl's defaults are those. A verbatim copy for the
-tests lives in bench/vip_reference.py; docs/baselines.md lists where trace-rl departs.
+the RLOO rule (the call passes none) and lower = 1, so trace-rl's defaults are those. The repository ships no
+upstream code: the tests hold upstream's recorded outputs, and run it side by side where the developer names its
+file (TRACE_RL_VIP_REFERENCE); docs/baselines.md says how, and lists where trace-rl departs.
 
 The one departure in this module: upstream solves the continuous problem with scipy's SLSQP at its default
 tolerance, which reports success short of the optimum (on bench/bench_vip_faithful.py's batches of 32 prompts

@@ -1,17 +1,29 @@
-"""VIP's allocation (trace_rl.vip) against the verbatim copy of its authors' code (bench/vip_reference.py,
-github.com/HieuNT91/VIP @ 87bedf7f874f1d61741268de28b4f48d39605b84) and against brute force.
+"""VIP's allocation (trace_rl.vip) against its authors' code (github.com/HieuNT91/VIP @
+87bedf7f874f1d61741268de28b4f48d39605b84, src/vip/allocation/bernoulli_allocation.py) and against brute force.
 
 The port's rounding is upstream's operation for operation, so fed upstream's SLSQP solution it must return
-upstream's allocation exactly; its continuous solver is exact, so it must never score above SLSQP's
-solution, and must match a brute-force search on small problems."""
+upstream's allocation exactly; its continuous solver is exact, so it must never score above SLSQP's solution, and
+must match a brute-force search on small problems.
+
+The repository ships no upstream code. Always: the port against vip_upstream.json, upstream's recorded outputs
+(SLSQP's solution and the final allocation of 42 batches, the rounding of 80 continuous allocations; the file
+says which upstream file, numpy and scipy made it), brute force, the KKT conditions and hand-worked cases. With
+TRACE_RL_VIP_REFERENCE naming upstream's file (docs/baselines.md): the same comparisons on fresh random inputs,
+and a check that the recorded table is what that file computes here. `python tests/core/test_vip.py`, with the
+variable set and PYTHONPATH=src:tests, rewrites the table."""
 
 import contextlib
-import importlib.util
+import hashlib
 import io
+import os
+import sys
+from datetime import date
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers_upstream import load_fixture, upstream_code, upstream_or_skip, write_fixture
 
 from trace_rl.vip import (
     LOWER,
@@ -23,13 +35,10 @@ from trace_rl.vip import (
     vip_objective,
 )
 
-scipy = pytest.importorskip("scipy")  # upstream's SLSQP; scipy comes with the `plots` extra
-
-_spec = importlib.util.spec_from_file_location(
-    "vip_reference", Path(__file__).resolve().parents[2] / "bench" / "vip_reference.py"
-)
-upstream = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(upstream)
+VAR = "TRACE_RL_VIP_REFERENCE"
+FIXTURE = Path(__file__).with_name("vip_upstream.json")
+HAND = ([0.5, 0.5, 0.01, 0.999], 32, 1, "rloo")  # the worked example of docs/baselines.md
+EVEN = ([0.3, 0.3005, 0.3], 20, 1, "rloo")  # allocate_rollout's even-split branch
 
 
 def quiet(fn, *args, **kwargs):
@@ -38,25 +47,9 @@ def quiet(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-_solved: dict = {}
-_solve = upstream.solve
-
-
-def cached_solve(a, question_accs, batch_budget, lower=4, upper=32, allocation_rule="rloo"):
-    """Upstream's `solve`, each problem solved once: SLSQP takes ~0.3 s a batch here, and the tests ask for the
-    same batches through upstream's allocate_rollout, through allocate_vip and for the objective."""
-    key = (np.asarray(question_accs).tobytes(), batch_budget, lower, upper, allocation_rule)
-    if key not in _solved:
-        _solved[key] = quiet(_solve, a, question_accs, batch_budget, lower, upper, allocation_rule)
-    return _solved[key].copy()
-
-
-upstream.solve = cached_solve  # allocate_rollout looks `solve` up in its module at each call
-
-
-def slsqp(p, budget, lower, upper, rule):
-    """Upstream's continuous step (`solve`), as `allocate_vip(continuous=...)` takes it."""
-    return upstream.solve(p * (1 - p), p, budget, lower=lower, upper=upper, allocation_rule=rule)
+def recorded_slsqp(x):
+    """The continuous step `allocate_vip(continuous=...)` takes: upstream's recorded SLSQP solution."""
+    return lambda p, budget, lower, upper, rule: np.array(x)
 
 
 def random_batch(rng, trial):
@@ -84,40 +77,67 @@ def cases(count, seed=0):
         yield p, budget, lower, rule
 
 
-def test_with_upstreams_continuous_step_the_allocation_is_upstreams():
-    """Whole pipeline: clip, the even split of near-equal predictions, SLSQP, floor, drop below 4, the greedy
-    top-up scored by allocation_value, enforce_min_after_rounding."""
-    for p, budget, lower, rule in cases(40):
-        want = quiet(upstream.allocate_rollout, p, budget, lower=lower, upper=UPPER, allocation_rule=rule)
-        got = allocate_vip(p, budget, lower=lower, rule=rule, continuous=slsqp)
-        assert got.tolist() == want, (p.tolist(), budget, lower, rule)
-        assert got.sum() == budget and not np.any((got > 0) & (got < 4))
-
-
-def test_rounding_is_upstreams_on_any_continuous_input():
-    """The rounding alone, on continuous allocations that need every branch: no top-up, a top-up into zeroed
-    prompts, and the enforce_min_after_rounding pass."""
-    rng = np.random.default_rng(3)
-    for _ in range(300):
+def rounding_inputs(count, seed=3):
+    """(x, a, budget): continuous allocations that need every branch of the rounding: no top-up, a top-up into
+    zeroed prompts, and the enforce_min_after_rounding pass."""
+    rng = np.random.default_rng(seed)
+    for trial in range(count):
         n = int(rng.integers(2, 20))
+        if trial % 8 == 0:  # floors of 4 or more that spend the budget exactly: nothing to top up
+            x = rng.integers(4, 13, n) + 0.99 * rng.random(n)
+            yield x, rng.random(n) * 0.25, int(np.floor(x).sum())
+            continue
         budget = int(rng.integers(4 * n, 12 * n))
-        x = rng.dirichlet(np.full(n, rng.choice([0.3, 1.0, 5.0]))) * budget
-        x = np.minimum(x, UPPER)
-        a = rng.random(n) * 0.25
-        want = upstream.allocation_rounding(x, a, budget, UPPER)
-        assert round_allocation(x, a, budget).tolist() == want
+        x = np.minimum(rng.dirichlet(np.full(n, rng.choice([0.3, 1.0, 5.0]))) * budget, UPPER)
+        yield x, rng.random(n) * 0.25, budget
+
+
+# ---------------------------------------------------------------------------------------------------------
+# against upstream's recorded outputs (no upstream code needed)
+
+
+@cache
+def recorded() -> dict:
+    return load_fixture(FIXTURE)
+
+
+def test_with_upstreams_recorded_continuous_step_the_allocation_is_upstreams():
+    """Whole pipeline: clip, the even split of near-equal predictions, (SLSQP's recorded solution), floor, drop
+    below 4, the greedy top-up scored by allocation_value, enforce_min_after_rounding."""
+    rows = recorded()["allocate_rollout"]
+    assert len(rows) == 42 and sum(r["slsqp"] is not None for r in rows) >= 35
+    for r in rows:
+        continuous = None if r["slsqp"] is None else recorded_slsqp(r["slsqp"])
+        got = allocate_vip(r["p"], r["budget"], lower=r["lower"], rule=r["rule"], continuous=continuous)
+        assert got.tolist() == r["allocation"], r
+        assert got.sum() == r["budget"] and not np.any((got > 0) & (got < 4))
+
+
+def test_rounding_is_upstreams_on_recorded_continuous_inputs():
+    rows = recorded()["allocation_rounding"]
+    assert len(rows) == 80
+    branches = set()
+    for r in rows:
+        got = round_allocation(np.array(r["x"]), np.array(r["a"]), r["budget"])
+        assert got.tolist() == r["allocation"], r
+        floors = np.floor(r["x"]).astype(int)
+        floors[floors < 4] = 0
+        branches.add("top-up" if floors.sum() < r["budget"] else "none")
+        if np.any((floors == 0) & (got > 0)):
+            branches.add("into a dropped prompt")
+    assert branches == {"top-up", "none", "into a dropped prompt"}  # the table reaches every branch
 
 
 def test_the_exact_solver_never_scores_above_slsqp_and_meets_the_budget():
     gaps = []
-    for p, budget, lower, rule in cases(40):  # the batches above: SLSQP's solutions are cached
-        q = np.clip(p, 1e-6, 1 - 1e-6)
-        if np.std(q) < 1e-3:
+    for r in recorded()["allocate_rollout"]:
+        if r["slsqp"] is None:
             continue
-        n = solve_continuous(q, budget, lower, UPPER, rule)
-        assert n.sum() == pytest.approx(budget, abs=1e-6)
-        assert n.min() >= lower - 1e-12 and n.max() <= UPPER + 1e-12
-        gaps.append(vip_objective(q, slsqp(q, budget, lower, UPPER, rule), rule) - vip_objective(q, n, rule))
+        q = np.clip(r["p"], 1e-6, 1 - 1e-6)
+        n = solve_continuous(q, r["budget"], r["lower"], UPPER, r["rule"])
+        assert n.sum() == pytest.approx(r["budget"], abs=1e-6)
+        assert n.min() >= r["lower"] - 1e-12 and n.max() <= UPPER + 1e-12
+        gaps.append(vip_objective(q, r["slsqp"], r["rule"]) - vip_objective(q, n, r["rule"]))
     assert min(gaps) >= -1e-12
     assert max(gaps) > 1e-6  # SLSQP's default tolerance does stop short somewhere: the documented departure
 
@@ -181,8 +201,9 @@ def test_by_hand_the_hard_prompt_gets_more_and_floors_below_four_are_dropped():
     out by allocation_value's gain a((n+3)/(n+4)^2 - (n+4)/(n+5)^2): 0.00103 for a p = 0.5 prompt at 10,
     0.00091 at 11, 0.00005 for the p = 0.01 prompt at 9, 0.00003 for the dropped one at 0. So the p = 0.5
     prompts take all three, one more to whichever upstream's argsort puts last among the two equal gains.
-    Upstream's SLSQP reports success at [11.394, 11.394, 7.614, 1.599], objective 0.015670 against the
-    optimum's 0.014948 (5% above), and so allocates [13, 12, 7, 0]: the departure docs/baselines.md describes."""
+    Upstream's SLSQP (87bedf7, scipy 1.17) reports success at [11.394, 11.394, 7.614, 1.599], objective 0.015670
+    against the optimum's 0.014948 (5% above), and upstream allocates [13, 12, 7, 0]: the departure
+    docs/baselines.md describes; fed that SLSQP solution the port allocates the same."""
     p = np.array([0.5, 0.5, 0.01, 0.999])
     n = solve_continuous(p, 32)
     lam = 0.25 / (n[0] - 1) ** 2 - 7e-4 * np.log(0.5)
@@ -191,20 +212,25 @@ def test_by_hand_the_hard_prompt_gets_more_and_floors_below_four_are_dropped():
     m = allocate_vip(p, 32)
     assert sorted(m[:2].tolist()) == [11, 12] and m[2:].tolist() == [9, 0]
     assert vip_objective(p, n) == pytest.approx(0.014948, abs=1e-6)
-    assert allocate_vip(p, 32, continuous=slsqp).tolist() == quiet(upstream.allocate_rollout, p, 32, lower=1)
+    (row,) = [r for r in recorded()["allocate_rollout"] if [r["p"], r["budget"], r["lower"], r["rule"]] == list(HAND)]
+    assert row["slsqp"] == pytest.approx([11.394, 11.394, 7.614, 1.599], abs=1e-3)
+    assert vip_objective(p, row["slsqp"]) == pytest.approx(0.015670, abs=1e-6)
+    assert row["allocation"] == [13, 12, 7, 0]
+    assert allocate_vip(p, 32, continuous=recorded_slsqp(row["slsqp"])).tolist() == [13, 12, 7, 0]
 
 
 def test_near_equal_predictions_split_evenly():
-    """allocate_rollout's first branch (std < 1e-3): budget // P each, the first prompts taking the remainder;
-    below 4 per prompt, units of 4 to random prompts (trace-rl keeps a remainder upstream asserts away)."""
+    """allocate_rollout's first branch (std < 1e-3): budget // P each, the first prompts taking the remainder
+    (upstream 87bedf7 returns [7, 7, 6] for the first case); below 4 per prompt, units of 4 to random prompts
+    (trace-rl keeps a remainder upstream asserts away)."""
     assert allocate_vip([0.3, 0.3005, 0.3], 20).tolist() == [7, 7, 6]
     assert allocate_vip(np.full(5, 0.0067), 40).tolist() == [8] * 5  # the GP's prior for every prompt
     m = allocate_vip([0.5, 0.5, 0.5], 8, seed=4)
     assert m.sum() == 8 and set(m.tolist()) <= {0, 4, 8}
     m = even_split(3, 6, 4, np.random.default_rng(0))
     assert m.sum() == 6 and np.count_nonzero(m) == 1  # one unit of 4 and the remainder of 2 on it
-    want = quiet(upstream.allocate_rollout, [0.3, 0.3005, 0.3], 20, lower=1)
-    assert want == [7, 7, 6]
+    (row,) = [r for r in recorded()["allocate_rollout"] if [r["p"], r["budget"], r["lower"], r["rule"]] == list(EVEN)]
+    assert row["slsqp"] is None and row["allocation"] == [7, 7, 6]
 
 
 def test_bad_input_is_one_line():
@@ -220,3 +246,117 @@ def test_bad_input_is_one_line():
         allocate_vip([0.2, 1.5], 16)
     assert allocate_vip([], 0).tolist() == []
     assert LOWER == 1 and UPPER == 32  # the trainer's call
+
+
+# ---------------------------------------------------------------------------------------------------------
+# against upstream's own file, when TRACE_RL_VIP_REFERENCE names it
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    pytest.importorskip("scipy")  # upstream's SLSQP; scipy comes with the `plots` extra
+    module = upstream_or_skip(VAR)
+    solved: dict = {}
+    solve = module.solve
+
+    def cached_solve(a, question_accs, batch_budget, lower=4, upper=32, allocation_rule="rloo"):
+        """Upstream's `solve`, each problem solved once: SLSQP takes ~0.3 s a batch here, and the tests ask for
+        the same batches through upstream's allocate_rollout, through allocate_vip and for the objective."""
+        key = (np.asarray(question_accs).tobytes(), batch_budget, lower, upper, allocation_rule)
+        if key not in solved:
+            solved[key] = quiet(solve, a, question_accs, batch_budget, lower, upper, allocation_rule)
+        return solved[key].copy()
+
+    module.solve = cached_solve  # allocate_rollout looks `solve` up in its module at each call
+    return module
+
+
+def upstream_rows(module, inputs):
+    """Upstream's SLSQP solution (None where allocate_rollout splits evenly) and allocation for each input."""
+    rows = []
+    for p, budget, lower, rule in inputs:
+        q = np.clip(p, 1e-6, 1 - 1e-6)
+        x = None if np.std(q) < 1e-3 else module.solve(q * (1 - q), q, budget, lower, UPPER, rule).tolist()
+        alloc = quiet(module.allocate_rollout, p, budget, lower=lower, upper=UPPER, allocation_rule=rule)
+        rows.append(
+            {
+                "p": [float(v) for v in p],
+                "budget": budget,
+                "lower": lower,
+                "rule": rule,
+                "slsqp": x,
+                "allocation": alloc,
+            }
+        )
+    return rows
+
+
+def test_the_recorded_table_is_what_upstream_computes(upstream):
+    """If this fails after a scipy upgrade, SLSQP stops elsewhere now: rewrite the table (module docstring)."""
+    rows = recorded()["allocate_rollout"]
+    fresh = upstream_rows(upstream, [(np.array(r["p"]), r["budget"], r["lower"], r["rule"]) for r in rows])
+    versions = recorded()["provenance"]["versions"]
+    for r, f in zip(rows, fresh):
+        assert f["allocation"] == r["allocation"], (r, versions)
+        assert (f["slsqp"] is None) == (r["slsqp"] is None)
+        if r["slsqp"] is not None:
+            assert f["slsqp"] == pytest.approx(r["slsqp"], abs=1e-9), versions
+    for r in recorded()["allocation_rounding"]:
+        assert upstream.allocation_rounding(np.array(r["x"]), np.array(r["a"]), r["budget"], UPPER) == r["allocation"]
+
+
+def test_with_upstreams_continuous_step_the_allocation_is_upstreams(upstream):
+    for r in upstream_rows(upstream, cases(40, seed=1)):
+        continuous = None if r["slsqp"] is None else recorded_slsqp(r["slsqp"])
+        got = allocate_vip(r["p"], r["budget"], lower=r["lower"], rule=r["rule"], continuous=continuous)
+        assert got.tolist() == r["allocation"], r
+
+
+def test_rounding_is_upstreams_on_any_continuous_input(upstream):
+    for x, a, budget in rounding_inputs(300, seed=4):
+        assert round_allocation(x, a, budget).tolist() == upstream.allocation_rounding(x, a, budget, UPPER)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the recorded table: `python tests/core/test_vip.py` with TRACE_RL_VIP_REFERENCE set
+
+
+def short(x: float) -> float:
+    """4 significant digits: the recorded inputs are exactly what upstream was given, and stay short."""
+    return float(f"{x:.4g}")
+
+
+def main() -> None:
+    module = upstream_code.load(VAR)
+    if module is None:
+        sys.exit(upstream_code.unset_line(VAR))
+    solve = module.solve
+    module.solve = lambda *a, **k: quiet(solve, *a, **k)
+    inputs = [(np.array(p, dtype=float), b, lo, rule) for p, b, lo, rule in (HAND, EVEN)]
+    inputs += [(np.array([short(v) for v in p]), b, lo, rule) for p, b, lo, rule in cases(40)]
+    rounding = []
+    for x, a, budget in rounding_inputs(80):
+        x, a = np.array([short(v) for v in x]), np.array([short(v) for v in a])
+        row = {"x": x.tolist(), "a": a.tolist(), "budget": budget}
+        rounding.append(row | {"allocation": module.allocation_rounding(x, a, budget, UPPER)})
+    import numpy
+    import scipy
+
+    ref = upstream_code.REFERENCES[VAR]
+    path = Path(os.environ[VAR])
+    provenance = {
+        "upstream": f"{ref.repo} @ {ref.commit}, {ref.path}",
+        "run_from": f"{path.name}, sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}",
+        "made": f"{date.today().isoformat()} by `python tests/core/test_vip.py`",
+        "versions": f"numpy {numpy.__version__}, scipy {scipy.__version__}, python {sys.version.split()[0]}",
+        "what": "allocate_rollout(p, budget, lower, upper=32, allocation_rule=rule) and its solve() (SLSQP; null "
+        "where it splits evenly); allocation_rounding(x, a, budget, upper=32)",
+    }
+    write_fixture(
+        FIXTURE, provenance, {"allocate_rollout": upstream_rows(module, inputs), "allocation_rounding": rounding}
+    )
+    print(f"wrote {FIXTURE}")
+
+
+if __name__ == "__main__":
+    main()
