@@ -1,8 +1,10 @@
 """Allocator speed and value: TRACE's exact allocators, and Knapsack RL's objective solved by
-trace_rl.knapsack against Knapsack RL's own DP (bench/knapsack_rl_reference.py, a faithful copy).
+trace_rl.knapsack against Knapsack RL's own DP (its authors' file, which the repository does not ship).
 
 Prints figures, asserts nothing. Run on one core: `PYTHONPATH=src python bench/bench_allocation.py`.
-Knapsack RL's DP runs under numba when it is importable, as upstream's does (the pure-Python path is
+The last table needs upstream's verl/trainer/ppo/exploration_utils.py (github.com/liziniu/KnapsackRL @ ca5d5f5):
+name it in TRACE_RL_KNAPSACK_REFERENCE (docs/baselines.md); without it the bench says so in one line and skips the
+table. Knapsack RL's DP runs under numba when it is importable, as upstream's does (the pure-Python path is
 skipped above a size where it would take minutes); pass a PYTHONPATH holding numba to time that path.
 Goals (issue 2): B=1,024, M=2,048, m_max=16 in <= 1 ms; B=100,000, M=200,000 in <= 200 ms.
 """
@@ -16,15 +18,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import sys
 import time
-from pathlib import Path
+from types import ModuleType
 
 import numpy as np
+import upstream_code  # bench/, on the path when the bench runs as a script
 
 from trace_rl.allocation import allocate_prefixes, allocate_roots, root_value
 from trace_rl.knapsack import allocate_knapsack_rl_repaired, knapsack_rl_value
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import knapsack_rl_reference as upstream
+KNAPSACK = "TRACE_RL_KNAPSACK_REFERENCE"
 
 
 def knapsack_dp(v: np.ndarray, budget: int, max_per_prompt: int) -> float:
@@ -52,6 +54,10 @@ def best_of(fn, repeats: int) -> float:
 
 
 def main() -> None:
+    try:
+        upstream = upstream_code.load(KNAPSACK)  # before the timings: a wrong path fails at once
+    except ValueError as exc:
+        sys.exit(f"bench_allocation: {exc}")
     rng = np.random.default_rng(0)
     print(f"{'case':<28}{'best ms':>10}{'median ms':>11}{'goal ms':>9}   knapsack DP")
     for B, M, goal in [(1024, 2048, 1.0), (100_000, 200_000, 200.0)]:
@@ -76,12 +82,15 @@ def main() -> None:
     print(f"prefixes: 96 anchors, K=128  {best * 1e3:>6.3f} ms best, {med * 1e3:.3f} ms median")
     best, med = best_of(lambda: allocate_prefixes(q, 10**9), 5)
     print(f"prefixes: 96 anchors, K=1e9  {best * 1e3:>6.3f} ms best, {med * 1e3:.3f} ms median")
-    knapsack_rl_table(rng)
-
-
-def knapsack_rl_table(rng: np.random.Generator) -> None:
-    """Knapsack RL's objective (bounds 2..128, p = 0 or 1 fixed at 2), our exact solver vs upstream's DP."""
     print()
+    if upstream is None:
+        print(f"Knapsack RL table skipped: {upstream_code.unset_line(KNAPSACK)}")
+    else:
+        knapsack_rl_table(rng, upstream)
+
+
+def knapsack_rl_table(rng: np.random.Generator, upstream: ModuleType) -> None:
+    """Knapsack RL's objective (bounds 2..128, p = 0 or 1 fixed at 2), our exact solver vs upstream's DP."""
     print(f"Knapsack RL, max_n=128; upstream DP: {'numba' if upstream.NUMBA_AVAILABLE else 'pure Python'}")
     print(
         f"{'case':<29}{'ours ms':>8}{'upstream ms':>13}{'x':>7}   objective: ours - upstream (relative), prompts moved"

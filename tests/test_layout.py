@@ -24,6 +24,7 @@ CORE = {
     "metrics",
     "methods",
     "knapsack",
+    "vip",
     "seeding",
     "stats",
 }
@@ -49,8 +50,8 @@ RANK = {
 }
 # what each unit holds, for the docs' table (a unit missing here fails test_every_unit_is_ranked_and_described)
 HOLDS = {
-    "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's allocator, methods, "
-    "advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
+    "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's and VIP's allocators, "
+    "methods, advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
     "errors": "the user-error types the command line shows as one line (standard library only)",
     "safe_read": "reading files a damaged disk may have replaced: regular files only, bounded, strict JSON "
     "(standard library only)",
@@ -58,8 +59,8 @@ HOLDS = {
     "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the warm-start cache; "
     "the KV-cache keyword",
     "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",
-    "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, "
-    "diagnostics, calibration",
+    "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, VIP's "
+    "Gaussian process and its prompt embeddings, diagnostics, calibration",
     "envs": "env protocol and ReAct action format; calculator, math + sandbox, QA + retrieval server, BFCL; "
     "task loaders and registry",
     "agent": "ReAct turns over token histories",

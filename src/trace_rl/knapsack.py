@@ -6,8 +6,9 @@ min_n <= m_i <= max_n (its launch scripts: 2 and 128); prompts with p = 0 or 1 g
 come from each prompt's reward history (the `history` predictor). Reference: github.com/liziniu/KnapsackRL @
 ca5d5f5b7e933378d916d05d1aeb4ae9de929ee5, verl/trainer/ppo/exploration_utils.py `sampling_budget_by_knapsack`
 (called by ray_trainer.py `budget_allocation` with the launch script's min_n, max_n, negative_n, positive_n and
-the function's defaults otherwise: allow_fallback=True, alpha=0.9, cost_estimation="probability"); a verbatim
-copy for timing and tests lives in bench/knapsack_rl_reference.py.
+the function's defaults otherwise: allow_fallback=True, alpha=0.9, cost_estimation="probability"). The repository
+ships no upstream code: the tests hold upstream's recorded outputs, and the tests and bench/bench_allocation.py run
+it side by side where the developer names its file (TRACE_RL_KNAPSACK_REFERENCE; docs/baselines.md).
 
 Two allocators (docs/baselines.md lists the differences with examples):
 

@@ -5,8 +5,9 @@ Equal cost is counted in rollouts: a flat method spends P*n bare rollouts; a tre
 P*n/(1+N) bare rollouts plus N continuations per bare rollout (a continuation is shorter than a bare
 rollout, so tree methods generate fewer turns; metrics report turns too, so the comparison stays honest).
 
-Root strategies see a candidate pool of pool_factor*P prompts; the ones that cannot skip (uniform, knapsack,
-knapsack_repaired) take its first P (the pool is shuffled by the data loader).
+Root strategies see a candidate pool of pool_factor*P prompts; the ones that do not choose their prompts
+(uniform, knapsack, knapsack_repaired, vip) take its first P (the pool is shuffled by the data loader); VIP, as
+upstream, may still give some of those 0 rollouts (its rounding drops allocations below 4).
 """
 
 from __future__ import annotations
@@ -18,9 +19,18 @@ import numpy as np
 from .allocation import allocate_prefixes, allocate_roots
 from .knapsack import allocate_knapsack_rl, allocate_knapsack_rl_repaired
 from .root_objectives import TEACH_ALPHA, allocate_roots_teach
+from .vip import allocate_vip
 
 # active_<objective>: TRACE's exact root allocation of a root objective weighted by what a group teaches
-ROOT_STRATEGIES = ("uniform", "pcl", "knapsack", "knapsack_repaired", "active", *(f"active_{o}" for o in TEACH_ALPHA))
+ROOT_STRATEGIES = (
+    "uniform",
+    "pcl",
+    "knapsack",
+    "knapsack_repaired",
+    "vip",
+    "active",
+    *(f"active_{o}" for o in TEACH_ALPHA),
+)
 PREFIX_STRATEGIES = ("none", "random", "active")
 
 
@@ -32,7 +42,7 @@ class Method:
     root: str
     prefix: str
     advantage: str
-    predictor: str = "learned"  # which V~ drives the active parts: learned | oracle | history
+    predictor: str = "learned"  # which V~ drives the active parts: learned | oracle | history | gp
 
     @property
     def branches(self) -> bool:
@@ -46,6 +56,9 @@ METHODS: dict[str, Method] = {
         Method("pcl", "pcl", "none", "grpo"),
         Method("knapsack_rl", "knapsack", "none", "grpo", predictor="history"),
         Method("knapsack_rl_repaired", "knapsack_repaired", "none", "grpo", predictor="history"),
+        # VIP's allocator (its trainer's RLOO rule, 1 <= n <= 32) on its Gaussian-process predictor; trained with
+        # the GRPO estimator, as the other flat baselines are, so the rows differ in allocation only
+        Method("vip", "vip", "none", "grpo", predictor="gp"),
         Method("treepo", "uniform", "random", "treepo"),
         Method("tree_grpo", "uniform", "random", "tree_grpo"),
         Method("trace", "active", "active", "trace"),
@@ -126,6 +139,9 @@ def allocate_method_roots(method: Method, v: np.ndarray, plan: BudgetPlan, seed:
     elif method.root == "knapsack_repaired":
         # the exact optimum of Knapsack RL's stated objective, without its cost fallback
         m[:p] = allocate_knapsack_rl_repaired(v[:p], budget, seed=seed)
+    elif method.root == "vip":
+        # VIP as its authors' trainer calls it (trace_rl.vip: RLOO rule, bounds 1..32, upstream's rounding)
+        m[:p] = allocate_vip(v[:p], budget, seed=seed)
     elif method.root == "active":
         m = allocate_roots(v, budget, plan.max_per_prompt, seed=seed)
     elif method.root.startswith("active_") and method.root[len("active_") :] in TEACH_ALPHA:

@@ -1,4 +1,5 @@
-"""The baselines reproduce their authors' code: Tree-GRPO and TreePO advantages, Knapsack RL's allocation.
+"""The baselines reproduce their authors' code: Tree-GRPO and TreePO advantages (Knapsack RL's allocation:
+test_knapsack.py; VIP's: test_vip.py).
 
 Upstream code read for these tests (hand cases below follow it line by line, and the numpy ports are
 faithful transcriptions of it, torch replaced by numpy):
@@ -11,28 +12,17 @@ faithful transcriptions of it, torch replaced by numpy):
   verl/trainer/ppo/core_algos.py `compute_tree_reinforce_plus_plus_baseline_outcome_advantage` with
   recipe/treepo/run_treepo_train.sh's settings (adv_weight_strategy="average", subtree_std_ds=False), and
   verl/utils/torch_functional.py `masked_whiten` / `masked_var` (unbiased) over the whole batch.
-- Knapsack RL: github.com/liziniu/KnapsackRL @ ca5d5f5b7e933378d916d05d1aeb4ae9de929ee5,
-  verl/trainer/ppo/exploration_utils.py, copied to bench/knapsack_rl_reference.py and loaded from there.
 """
 
-import importlib.util
-import itertools
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from trace_rl.advantages import batch_advantages, compute_advantages, trace, tree_grpo, treepo
-from trace_rl.knapsack import allocate_knapsack_rl, allocate_knapsack_rl_repaired, knapsack_rl_value
 from trace_rl.tree import BARE, BRANCH, RolloutTree
 
 EPS = 1e-6
-_spec = importlib.util.spec_from_file_location(
-    "knapsack_rl_reference", Path(__file__).resolve().parents[2] / "bench" / "knapsack_rl_reference.py"
-)
-upstream_knapsack = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(upstream_knapsack)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -301,145 +291,3 @@ def test_grown_tree_values_by_hand():
     assert treepo(early)["0.1.1"] == pytest.approx(7 / 12)
     adv = trace(early, scale="none")
     assert adv["0.1.1"] == pytest.approx((1 - 1 / 2) + (1 - (0 + 1) / 2))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Knapsack RL
-
-
-def upstream_allocation(p, budget, max_n=128, allow_fallback=False):
-    states = np.array([[1, x, 16] for x in p], dtype=object)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        m, _ = upstream_knapsack.sampling_budget_by_knapsack(
-            states, n=budget // len(p), max_n=max_n, total_budget=budget, allow_fallback=allow_fallback
-        )
-    return m
-
-
-def brute_knapsack(p, budget, min_n, max_n, fixed_n=2):
-    """Best stated-objective value over every allocation of the live prompts within the bounds."""
-    live = [x for x in p if 0 < x < 1]
-    spend = budget - fixed_n * (len(p) - len(live))
-    best = -np.inf
-    for ms in itertools.product(range(min_n, max_n + 1), repeat=len(live)):
-        if sum(ms) == min(spend, len(live) * max_n):
-            best = max(best, knapsack_rl_value(live, ms))
-    return best
-
-
-def test_knapsack_rl_repaired_by_hand_where_upstream_dp_departs():
-    """p = [0.5, 0.1], budget 6 (2 extra). Stated objective: [4, 2] scores 0.875*0.125 + 0.18*0.081 = 0.12396,
-    [3, 3] scores 0.75*0.125 + 0.271*0.081 = 0.11570. Upstream's DP scores a prompt left at 2 as 0, so it
-    compares f(0.5, 4) w = 0.10938 with f(0.5, 3) w + f(0.1, 3) w = 0.11570 and picks [3, 3]."""
-    w5, w1 = 0.5 * 0.25, 0.1 * 0.81
-    assert allocate_knapsack_rl_repaired([0.5, 0.1], 6).tolist() == [4, 2]
-    assert knapsack_rl_value([0.5, 0.1], [4, 2]) == pytest.approx(0.875 * w5 + 0.18 * w1)
-    assert upstream_allocation([0.5, 0.1], 6).tolist() == [3, 3]
-    assert knapsack_rl_value([0.5, 0.1], [3, 3]) == pytest.approx(0.75 * w5 + 0.27 * w1)
-
-
-def test_knapsack_rl_repaired_budget_past_the_bounds():
-    """Upstream spreads what its DP cannot place over the 0 < p < 1 prompts past max_n; with no other prompt
-    so do we. With p = 0 prompts present the excess goes to them (upstream's fallback target)."""
-    assert upstream_allocation([0.5, 0.5], 300).tolist() == [150, 150]
-    assert allocate_knapsack_rl_repaired([0.5, 0.5], 300).tolist() == [150, 150]
-    # 8 + 2 + 2 + 2 = 14 within the bounds; 17 left: 9 and 8 to the p = 0 prompts, the first takes the odd one
-    assert allocate_knapsack_rl_repaired([0.5, 0.0, 1.0, 0.0], 31, max_n=8).tolist() == [8, 11, 2, 10]
-    assert allocate_knapsack_rl_repaired([0.5, 1.0], 20, max_n=8).tolist() == [8, 12]
-
-
-def test_knapsack_rl_upstream_fallback_drops_budget_when_every_prompt_is_live():
-    """Upstream's cost fallback (on by default) hands the budget beyond its cost estimate to the p = 0 or 1
-    prompts; with none it divides by zero (numpy: 0), loses that budget and fails its own assertion."""
-    with pytest.raises(AssertionError, match="Budget mismatch"), np.errstate(divide="ignore", invalid="ignore"):
-        upstream_allocation([0.5, 0.3, 0.6], 24, allow_fallback=True)
-    m = allocate_knapsack_rl_repaired([0.5, 0.3, 0.6], 24)
-    assert m.sum() == 24 and m.min() >= 2
-
-
-def test_knapsack_rl_repaired_exact_against_brute_force_and_never_below_upstream():
-    rng = np.random.default_rng(7)
-    for trial in range(300):
-        n = int(rng.integers(1, 5))
-        p = rng.choice([0.0, 1.0, 0.5, 0.3, 0.1, 0.9, float(rng.random())], n)
-        max_n = int(rng.integers(2, 6))
-        live = int(((p > 0) & (p < 1)).sum())
-        floor = 2 * n
-        budget = int(rng.integers(floor, floor + live * (max_n - 2) + 3))
-        m = allocate_knapsack_rl_repaired(p, budget, max_n=max_n, seed=trial)
-        assert m.sum() == budget and m.min() >= 2
-        assert np.all(m[(p == 0) | (p == 1)] >= 2)
-        if budget <= floor + live * (max_n - 2):
-            assert np.all(m[(p > 0) & (p < 1)] <= max_n)
-            assert np.all(m[(p == 0) | (p == 1)] == 2)
-            value = knapsack_rl_value(p, m)
-            assert value == pytest.approx(brute_knapsack(p, budget, 2, max_n), abs=1e-12)
-            if live:
-                up = upstream_allocation(p, budget, max_n=max_n)
-                assert value >= knapsack_rl_value(p, up) - 1e-12
-
-
-def test_knapsack_rl_faithful_sends_the_excess_to_prompts_without_contrast():
-    """p = [0.5, 0], budget 32: minimums [2, 2], 28 left. The cost estimate of p = 0.5 is
-    log(0.1) / log(0.5) = 3.32 -> 3 < 28, so upstream's fallback gives the other 25 to the p = 0 prompt and its
-    DP the 3 to p = 0.5: [5, 27]. The repaired allocator puts everything the objective values on p = 0.5:
-    [30, 2]."""
-    assert upstream_allocation([0.5, 0.0], 32, allow_fallback=True).tolist() == [5, 27]
-    assert allocate_knapsack_rl([0.5, 0.0], 32).tolist() == [5, 27]
-    assert allocate_knapsack_rl_repaired([0.5, 0.0], 32).tolist() == [30, 2]
-    # with no p = 0 prompt the excess goes to the p = 1 ones: p = 0.9 costs log(0.1) / log(0.9) = 21.85 -> 21
-    assert allocate_knapsack_rl([0.9, 1.0, 1.0], 40).tolist() == [23, 9, 8]
-    assert upstream_allocation([0.9, 1.0, 1.0], 40, allow_fallback=True).tolist() == [23, 9, 8]
-
-
-def test_knapsack_rl_faithful_dp_at_four_and_eight_per_prompt():
-    """p = [0.9375, 0.75], budget 16 (12 extra; costs 35 and 8 exceed them, no fallback). w(0.9375) = 0.003662,
-    w(0.75) = 0.046875. Upstream's DP scores a prompt left at 2 as 0, so it compares [2, 14] at
-    0 + f(0.75, 14) w = 0.982182 * 0.046875 = 0.046040 with [3, 13] at f(0.9375, 3) w + f(0.75, 13) w =
-    0.000644 + 0.045761 = 0.046405 and picks [3, 13]. The stated objective adds f(0.9375, 2) w = 0.000429 to
-    [2, 14]: 0.046469 > 0.046405, so the repaired allocator gives [2, 14]."""
-    p = [0.9375, 0.75]
-    assert allocate_knapsack_rl(p, 16).tolist() == upstream_allocation(p, 16, allow_fallback=True).tolist() == [3, 13]
-    assert allocate_knapsack_rl_repaired(p, 16).tolist() == [2, 14]
-    assert knapsack_rl_value(p, [2, 14]) == pytest.approx(0.046469, abs=1e-6)
-    assert knapsack_rl_value(p, [3, 13]) == pytest.approx(0.046405, abs=1e-6)
-
-
-def test_knapsack_rl_faithful_matches_upstream_code_on_random_instances():
-    """Same allocation as upstream's function with its defaults (fallback on), wherever upstream returns one;
-    where it fails its assertion (every prompt 0 < p < 1 and the fallback fires), the DP takes the budget, as
-    upstream's allow_fallback=False does."""
-    rng = np.random.default_rng(11)
-    compared = kept = 0
-    for trial in range(400):
-        n = int(rng.integers(1, 6))
-        p = rng.choice([0.0, 1.0, 0.5, 0.3, 0.1, 0.9, 0.75, 0.9375, float(rng.random())], n)
-        max_n = int(rng.integers(2, 10)) if trial % 2 else 128
-        budget = int(rng.integers(2 * n, 2 * n + 40))
-        m = allocate_knapsack_rl(p, budget, max_n=max_n)
-        assert m.sum() == budget
-        try:
-            up = upstream_allocation(p, budget, max_n=max_n, allow_fallback=True)
-        except AssertionError:
-            if np.all((p > 0) & (p < 1)):
-                kept += 1
-                assert m.tolist() == upstream_allocation(p, budget, max_n=max_n).tolist()
-            continue
-        compared += 1
-        assert m.tolist() == up.tolist(), (p.tolist(), budget, max_n)
-    assert compared > 200 and kept > 20
-
-
-def test_knapsack_rl_errors_name_the_argument():
-    with pytest.raises(ValueError, match="budget"):
-        allocate_knapsack_rl_repaired([0.5, 0.0], 3)
-    with pytest.raises(ValueError, match="min_n"):
-        allocate_knapsack_rl_repaired([0.5], 4, min_n=1)
-    with pytest.raises(ValueError, match="max_n"):
-        allocate_knapsack_rl_repaired([0.5], 4, min_n=3, max_n=2)
-    with pytest.raises(ValueError, match="p must"):
-        allocate_knapsack_rl_repaired([0.5, "x"], 4)
-    with pytest.raises(ValueError, match="seed"):
-        allocate_knapsack_rl_repaired([0.5], 4, seed=-3)
-    with pytest.raises(ValueError, match="budget"):
-        allocate_knapsack_rl([0.5, 0.0], 3)

@@ -48,6 +48,11 @@ def test_uniform_and_pcl_and_active(plan):
     assert m[:4].tolist() == [20, 2, 5, 5]
     m = allocate_method_roots(get_method("knapsack_rl_repaired"), v, plan)
     assert m[:4].tolist() == [2, 2, 14, 14] and m[4:].sum() == 0
+    # VIP on the first P, p = [0, 1, 0.5, 0.45] clipped to [1e-6, 1 - 1e-6]: its log term 7e-4 log p is -0.0097
+    # for the p = 0 prompt, which outweighs the others' variance, so the optimum is [18.56, 1.01, 6.22, 6.21];
+    # the p = 1 prompt's floor (1) is dropped and its rollout goes to the p = 0.5 and 0.45 ones (upstream: the same)
+    m = allocate_method_roots(get_method("vip"), v, plan)
+    assert m[:4].tolist() == [18, 0, 7, 7] and m[4:].sum() == 0
 
 
 def test_prefix_strategies():

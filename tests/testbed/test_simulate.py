@@ -75,6 +75,24 @@ def test_only_the_methods_own_predictor_learns(monkeypatch):
     assert len(calls) == SMALL["steps"]
 
 
+def test_vip_runs_on_its_gaussian_process_and_spends_its_batchs_budget(monkeypatch):
+    """VIP on the testbed: its GP (over the root features) is fitted once a step and nothing else learns; the
+    first step, with the prior everywhere, splits the 32 rollouts evenly over the batch's 8 prompts; later
+    steps give some prompts 0 (floors below 4 are dropped) and the rest more, always 32 in all."""
+    from trace_rl.predictors.gp import GaussianProcessPredictor
+    from trace_rl.predictors.logistic import OnlineLogisticPredictor
+
+    fits, learned = [], []
+    gp_update, lr_update = GaussianProcessPredictor.update, OnlineLogisticPredictor.update
+    monkeypatch.setattr(GaussianProcessPredictor, "update", lambda self, *a: fits.append(1) or gp_update(self, *a))
+    monkeypatch.setattr(OnlineLogisticPredictor, "update", lambda self, *a: learned.append(1) or lr_update(self, *a))
+    recs = run_simulation(SimulateConfig(methods=["vip"], **SMALL))["vip"]
+    assert [r["rollout/rollouts"] for r in recs] == [32] * SMALL["steps"]
+    assert recs[0]["alloc/active_prompts"] == 8
+    assert any(r["alloc/active_prompts"] < 8 for r in recs[1:])
+    assert len(fits) == SMALL["steps"] and not learned
+
+
 def test_trace_beats_uniform_effective_ratio_with_the_oracle():
     # a pure allocation check: the contrast preset, where the policy starts near its ceiling and most prompts
     # are all-success or all-failure, so where the budget goes decides the effective ratio

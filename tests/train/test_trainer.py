@@ -66,6 +66,24 @@ def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
     assert main(["train", *SMALL, "steps=2", f"out={part}"]) == 2  # checkpoints there and no resume: refused
 
 
+def test_vip_trains_on_its_gaussian_process_and_resumes_it(tmp_path):
+    """method=vip: its GP (here over hashed prompt n-grams: the tests load no MiniLM) is pickled into each
+    checkpoint with its fits, so a resumed run allocates as the uninterrupted one did."""
+    import pickle
+
+    vip = [*SMALL, "method=vip", "predictor.gp_encoder=hashed", "seed=0"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert main(["train", *vip, "steps=2", f"out={full}", "save_every=1"]) == 0
+    recs = records(full)
+    assert [r["rollout/rollouts"] for r in recs] == [4, 4] and {r["method"] for r in recs} == {"vip"}
+    with open(full / "global_step_1" / "predictor.pkl", "rb") as fh:
+        gp = pickle.load(fh)
+    assert type(gp).__name__ == "GaussianProcessPredictor" and gp.alpha.size >= 1
+    assert main(["train", *vip, "steps=1", f"out={part}"]) == 0
+    assert main(["train", *vip, "steps=2", f"out={part}", "resume=true"]) == 0
+    assert untimed(records(part)[1]) == untimed(recs[1])
+
+
 KILLER = """
 import os, signal, sys
 from trace_rl.train import checkpoint
@@ -161,6 +179,18 @@ def test_compare_runs_are_paired_and_a_rerun_reads_them(tmp_path, capsys):
     assert (tmp_path / "trace" / "seed3" / "metrics.jsonl").stat().st_mtime_ns == stamp  # read, not rerun
     for png in ("accuracy_vs_rollouts.png", "accuracy_vs_tokens.png", "chain.png"):
         assert (tmp_path / png).is_file(), png
+
+
+def test_compare_pairs_vip_with_grpo(tmp_path, capsys):
+    from trace_rl.train.compare import check_pairing, load_runs
+
+    args = ["compare", f"out={tmp_path}", "methods=[grpo,vip]", "seeds=[3]", "train.steps=1"]
+    args += [f"train.{a}" for a in SMALL] + ["train.predictor.gp_encoder=hashed"]
+    assert main(args) == 0
+    runs = load_runs(tmp_path, ["grpo", "vip"])
+    assert check_pairing(runs) == []
+    assert runs["vip"][0]["pools_digest"] == runs["grpo"][0]["pools_digest"]
+    assert "vip" in capsys.readouterr().out
 
 
 def test_compare_evaluates_the_start_once_per_seed_and_gets_the_number_a_lone_run_gets(tmp_path, monkeypatch):

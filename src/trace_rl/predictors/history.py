@@ -11,7 +11,16 @@ from typing import Sequence
 
 import numpy as np
 
+from ..tree import RolloutTree
 from .base import Prefix
+
+
+def prompt_key(tree: RolloutTree):
+    """A prompt's identity: its question (LM tasks are dicts), else the prompt itself, else the root id."""
+    prompt = tree.prompt
+    if isinstance(prompt, dict):
+        return prompt.get("id") or prompt.get("question") or json.dumps(prompt, sort_keys=True, default=str)
+    return prompt if prompt is not None else tree.root_id
 
 
 class RewardHistoryPredictor:
@@ -23,11 +32,7 @@ class RewardHistoryPredictor:
         self.values: dict[object, float] = {}
 
     def _key(self, prefix: Prefix):
-        """A prompt's identity: its question (LM tasks are dicts), else the prompt itself, else the root id."""
-        prompt = prefix[0].prompt
-        if isinstance(prompt, dict):
-            return prompt.get("id") or prompt.get("question") or json.dumps(prompt, sort_keys=True, default=str)
-        return prompt if prompt is not None else prefix[0].root_id
+        return prompt_key(prefix[0])
 
     def prior(self) -> float:
         return float(np.mean(list(self.values.values()))) if self.values else 0.5

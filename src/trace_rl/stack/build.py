@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from ..backends.base import PolicyBackend, SamplingParams
 from ..envs.registry import EnvSpec, get_env
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingFileError
 from ..methods import BudgetPlan, Method
 from ..predictors import training_examples
 from ..rollout.engine import TreeRolloutEngine
@@ -131,13 +131,25 @@ def build_policy(
 
 
 def build_predictor(cfg: LMPredictorConfig, method: Method, seed: int, warmup: Sequence = ()):
-    """A fresh predictor for one method: reward history for Knapsack RL, else the configured V~, fitted on the
-    `warmup` trees first (every method's predictor sees the same ones)."""
+    """A fresh predictor for one method: reward history for Knapsack RL, VIP's Gaussian process for VIP, else the
+    configured V~, fitted on the `warmup` trees first (every method's predictor sees the same ones)."""
     from ..predictors.history import RewardHistoryPredictor
     from ..predictors.text import light_text_predictor
 
     if method.predictor == "history":
         pred = RewardHistoryPredictor()
+    elif method.predictor == "gp":
+        from ..predictors.embedders import HashedPromptEmbedder, MiniLMEmbedder
+        from ..predictors.gp import GaussianProcessPredictor
+
+        if cfg.gp_encoder == "hashed":
+            embed = HashedPromptEmbedder()
+        else:
+            try:
+                embed = MiniLMEmbedder()
+            except MissingFileError as err:
+                raise ConfigError(f"predictor.gp_encoder: {err}; or predictor.gp_encoder=hashed (not VIP's)") from None
+        pred = GaussianProcessPredictor(embed)
     elif cfg.kind == "light":
         pred = light_text_predictor(seed=seed)
     else:

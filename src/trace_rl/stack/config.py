@@ -170,6 +170,9 @@ class LMPolicyConfig:
         return SamplingParams(self.temperature, self.top_p, self.max_new_tokens or env_default)
 
 
+GP_ENCODERS = ("all-minilm-l6-v2", "hashed")  # predictors.embedders: MiniLMEmbedder, HashedPromptEmbedder
+
+
 @dataclass
 class LMPredictorConfig:
     """The success predictor V~ that every method's allocator reads."""
@@ -179,8 +182,11 @@ class LMPredictorConfig:
     warmup: str = ""  # trees file to fit every predictor on before step 1 (e.g. the sft report's trees)
     critic_lr: float = 3e-3  # learning rate of the LM critic's head
     critic_epochs: int = 4  # passes of the LM critic over each step's examples
+    gp_encoder: str = "all-minilm-l6-v2"  # VIP's prompt embeddings (method vip): all-minilm-l6-v2 (upstream's) | hashed
 
     def __post_init__(self):
+        if self.gp_encoder not in GP_ENCODERS:
+            raise ValueError(f"gp_encoder: {self.gp_encoder!r} is not one of {', '.join(GP_ENCODERS)}")
         if not 0.0 <= self.prefix_share < 1.0:
             raise ValueError(f"prefix_share must be in [0, 1), got {self.prefix_share}")
         if self.warmup:

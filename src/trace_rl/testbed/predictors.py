@@ -1,7 +1,17 @@
-"""Testbed predictors: the exact oracle, and the features that the learned (logistic) predictor reads.
+"""Testbed predictors: the exact oracle, the features that the learned (logistic) predictor reads, and VIP's
+Gaussian process on those features.
 
 A testbed prefix is (tree, node id); the tree's prompt is the task index and each node's info holds the turn
 and mistakes so far, which is all the history the testbed's V depends on.
+
+VIP's GP needs a prompt embedding and testbed prompts have no text. In place of all-MiniLM-L6-v2 it reads
+the learned predictor's features of the root (kind and the turns ahead, horizon, tolerance, the difficulty
+hint), scaled to unit length as MiniLM's embeddings are, so distances lie in [0, 2] as upstream's do and its
+length scale (0.27) applies unchanged. On the default family (medians over 400 tasks): tasks of one kind,
+horizon and tolerance lie 0.07 apart when their hints differ by 0.05 to 0.15 (kernel 0.97), 0.38 apart at 0.3
+to 0.5 (0.38) and 0.85 apart between easy and hard (0.007); a different horizon puts them 0.77 apart (0.02),
+a different kind 1.0 (0.001). Easy tasks of one cell (hints within 0.02) lie 0.005 apart: near-duplicates, as
+paraphrased prompts are for MiniLM, and upstream's 1e-4 jitter is all that keeps K_tt invertible then.
 """
 
 from __future__ import annotations
@@ -11,6 +21,9 @@ from typing import Sequence
 import numpy as np
 
 from ..predictors import OnlineLogisticPredictor, Prefix
+from ..predictors.embedders import unit_rows
+from ..predictors.gp import GaussianProcessPredictor
+from ..tree import RolloutTree
 from .env import TestbedConfig, TestbedTask
 from .policy import SoftmaxPolicy
 
@@ -75,3 +88,18 @@ def learned_predictor(
 ) -> OnlineLogisticPredictor:
     features = TestbedFeatures(config, tasks)
     return OnlineLogisticPredictor(features, features.dim, lr=lr, seed=seed)
+
+
+class RootFeatureEmbedder:
+    """A testbed prompt's stand-in for a sentence embedding: the learned predictor's root features, unit length."""
+
+    def __init__(self, config: TestbedConfig, tasks: dict[int, TestbedTask]):
+        self.features = TestbedFeatures(config, tasks)
+
+    def __call__(self, trees: Sequence[RolloutTree]) -> np.ndarray:
+        return unit_rows(self.features([(t, t.root_id) for t in trees]))
+
+
+def vip_predictor(config: TestbedConfig, tasks: dict[int, TestbedTask]) -> GaussianProcessPredictor:
+    """VIP's Gaussian process (upstream's kernel, length scale and prior) over `RootFeatureEmbedder`."""
+    return GaussianProcessPredictor(RootFeatureEmbedder(config, tasks))

@@ -37,7 +37,7 @@ from ..tree import save_trees
 from .actor import TestbedActor
 from .env import TestbedConfig, TestbedTask, make_tasks
 from .policy import SoftmaxPolicy
-from .predictors import OraclePredictor, learned_predictor
+from .predictors import OraclePredictor, learned_predictor, vip_predictor
 
 DEFAULT_METHODS = ["grpo", "pcl", "knapsack_rl", "treepo", "tree_grpo", "trace", "trace_oracle"]
 ABLATION_METHODS = ["trace_uniform", "trace_root_only", "trace_prefix_only", "trace", "trace_oracle"]
@@ -159,6 +159,8 @@ class MethodRun:
             self.predictor = OraclePredictor(tasks, self.policy)
         elif method.predictor == "history":
             self.predictor = RewardHistoryPredictor()
+        elif method.predictor == "gp":
+            self.predictor = vip_predictor(self.env, tasks)
         else:
             self.predictor = learned_predictor(self.env, tasks, lr=cfg.predictor.lr, seed=seed)
         self.engine = TreeRolloutEngine(
