@@ -172,7 +172,8 @@ def test_update_kl_measures_how_far_the_step_moved():
     model = tiny()
     trees = on_policy_trees(model)
     adv = [{node.node_id: 1.0 for node in t.turns()} for t in trees]
-    moved = update_policy(model, make_optimizer(model, UpdateConfig(lr=1e-2)), trees, adv, UpdateConfig(lr=1e-2))
+    free = UpdateConfig(lr=1e-2, max_update_kl=0.0)  # the bound off: the step's own size is what is measured
+    moved = update_policy(model, make_optimizer(model, free), trees, adv, free)
     model = tiny()
     trees = on_policy_trees(model)
     small = update_policy(model, make_optimizer(model, UpdateConfig(lr=1e-5)), trees, adv, UpdateConfig(lr=1e-5))
@@ -208,11 +209,11 @@ def test_minibatches_are_successive_steps_on_dealt_groups_and_the_clip_binds_aft
     trees = on_policy_trees(base, n=4)
     rng = random.Random(3)
     adv = [{node.node_id: rng.uniform(-1, 1) for node in t.turns()} for t in trees]
-    cfg = UpdateConfig(lr=3e-2, minibatches=2, clip_ratio=0.05)
+    cfg = UpdateConfig(lr=3e-2, minibatches=2, clip_ratio=0.05, max_update_kl=0.0)  # the bound acts on a whole step
     split = copy.deepcopy(base)
     metrics = update_policy(split, make_optimizer(split, cfg), trees, adv, cfg)
     # by hand: one minibatch of trees 0 and 2, then one of trees 1 and 3, on one optimizer
-    one = UpdateConfig(lr=3e-2, clip_ratio=0.05)
+    one = UpdateConfig(lr=3e-2, clip_ratio=0.05, max_update_kl=0.0)
     manual = copy.deepcopy(base)
     opt = make_optimizer(manual, one)
     first = update_policy(manual, opt, trees[0::2], adv[0::2], one)
