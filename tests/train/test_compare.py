@@ -254,3 +254,30 @@ def test_runs_of_one_pair_started_together_evaluate_the_start_once(tmp_path, mon
         t.join()
     assert len(evaluations) == 1
     assert json.loads((tmp_path / "before_seed100.json").read_text())["before"] == {"accuracy": 0.5}
+
+
+def test_a_run_from_before_a_setting_existed_is_read_while_that_setting_is_at_its_default(
+    tmp_path, monkeypatch, built_warm_starts
+):
+    """A setting added to the code after a run was made keeps the old behaviour at its default: the run is read,
+    and refused once the setting is set otherwise."""
+    calls = []
+    monkeypatch.setattr(cmp, "train", _fake_train(calls))
+    monkeypatch.setattr(cmp, "plot_compare", lambda runs, out: None)
+    cfg = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4))
+    cmp.run_compare(cfg)
+    path = tmp_path / "grpo" / "seed0" / "run_settings.json"
+    stored = json.loads(path.read_text())
+    del stored["update"]["max_update_kl"]  # as written by a version without the setting
+    del stored["eval_tasks"]
+    path.write_text(json.dumps(stored))
+    cmp.run_compare(cfg)
+    assert len(calls) == 1  # read, not rerun
+    bounded_otherwise = TrainConfig(steps=4)
+    bounded_otherwise.update.max_update_kl = 0.05
+    with pytest.raises(ValueError, match=r"other settings \(differs in update.max_update_kl\)"):
+        cmp.run_compare(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=bounded_otherwise))
+    stored["steps"] = 5  # a setting the run does hold, with another value, still differs
+    path.write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match=r"differs in steps"):
+        cmp.run_compare(cfg)

@@ -143,12 +143,53 @@ def _without_unread(settings: dict) -> dict:
     return settings
 
 
+_ABSENT = object()
+
+
+def _leaf(settings: dict, key: str):
+    for part in key.split("."):
+        if not isinstance(settings, dict) or part not in settings:
+            return _ABSENT
+        settings = settings[part]
+    return settings
+
+
+def _default_setting(key: str):
+    """The declared default of a dotted TrainConfig key, as run_settings writes it (JSON types)."""
+    cls = TrainConfig
+    for i, part in enumerate(parts := key.split(".")):
+        field = next((f for f in dataclasses.fields(cls) if f.name == part), None)
+        if field is None:
+            return _ABSENT
+        if field.default is not dataclasses.MISSING:
+            value = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            value = field.default_factory()
+        else:
+            return _ABSENT
+        if dataclasses.is_dataclass(value) and i < len(parts) - 1:
+            cls = type(value)
+            continue
+        value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        return json.loads(json.dumps(value, default=str)) if i == len(parts) - 1 else _ABSENT
+    return _ABSENT
+
+
+def _added_since_at_default(key: str, stored: dict, current: dict) -> bool:
+    """A setting the run's file does not hold (added to the code after the run) whose value now is its default:
+    a new setting's default keeps what the code did before it, so the run is one of these settings."""
+    default = _default_setting(key)
+    return _leaf(stored, key) is _ABSENT and default is not _ABSENT and _leaf(current, key) == default
+
+
 def _finished(run: Path, cfg: TrainConfig) -> bool:
     """True if `run` holds a finished run of `cfg`; raises if it holds a run of other settings."""
     path = run / RUN_SETTINGS
     if not path.exists():
         return False
-    diff = setting_differences(_without_unread(json.loads(path.read_text())), run_settings(cfg))
+    stored = _without_unread(json.loads(path.read_text()))
+    current = run_settings(cfg)
+    diff = [k for k in setting_differences(stored, current) if not _added_since_at_default(k, stored, current)]
     if diff:
         raise ValueError(
             f"out: {run} holds a run with other settings (differs in {', '.join(diff)}); "
