@@ -82,6 +82,7 @@ CASES = [
     (["rollout", "policy.vllm.max_num_batched_tokens=-5"], "policy.vllm.max_num_batched_tokens"),
     (["rollout", "policy.vllm.enable_chunked_prefill=maybe"], "policy.vllm.enable_chunked_prefill"),
     (["train", "update.dtype=float16"], "update.dtype"),
+    (["train", "predictor.flip_model=smart"], "predictor.flip_model"),
 ]
 
 

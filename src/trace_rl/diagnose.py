@@ -338,19 +338,31 @@ def format_calibration(diagnosis: Diagnosis) -> str:
                             str(f["chosen"]),
                             str(f["continuations"]),
                             _num(f["pred"]),
+                            _num(f.get("raw", f["pred"])),
                             _num(f["recal"]),
                             _num(f["real"]),
                             _num(f["anchors_pred"]),
                         ]
                     )
         if rows:
-            header = ["where", "period", "chosen", "continuations", "predicted", "V~ recal.", "realised", "all anchors"]
+            header = [
+                "where",
+                "period",
+                "chosen",
+                "continuations",
+                "predicted",
+                "q of V~",
+                "V~ recal.",
+                "realised",
+                "all anchors",
+            ]
             blocks.append(
                 "\n".join(
                     [
-                        f"{method}: flips of the prefixes stage 2 chose (predicted q = 1 - V~ after a success, V~ "
-                        "after a failure; V~ recal.: q with V~ mapped to its bin's realised success; all anchors: "
-                        "mean q of every anchor)",
+                        f"{method}: flips of the prefixes stage 2 chose (predicted: the q stage 2 allocated on; q of "
+                        "V~: 1 - V~ after a success, V~ after a failure, the same unless predictor.flip_model="
+                        "calibrated; V~ recal.: q of V~ with V~ mapped to its bin's realised success; all anchors: "
+                        "mean predicted q of every anchor)",
                         *_table(header, rows),
                     ]
                 )
