@@ -180,9 +180,9 @@ class LMPredictorConfig:
     warmup: str = ""  # trees file to fit every predictor on before step 1 (e.g. the sft report's trees)
     critic_lr: float = 3e-3  # learning rate of the LM critic's head
     critic_epochs: int = 4  # passes of the LM critic over each step's examples
-    # stage 2's flip probability: raw (q = r(1 - V~) + (1 - r)V~) | calibrated (an online layer fitted on the flips
-    # continuations realised, per bare outcome and depth: predictors/flip.py)
-    flip_model: str = "raw"
+    # raw: q = r(1 - V~) + (1 - r)V~; calibrated: a layer fitted online on the flips continuations realised, per
+    # bare outcome and depth (predictors/flip.py)
+    flip_model: str = "raw"  # stage 2's flip probability: raw (from V~ alone) | calibrated (fitted on flips)
 
     def __post_init__(self):
         if not 0.0 <= self.prefix_share < 1.0:
