@@ -1,6 +1,7 @@
 """Replay stage 2's calibrated flip layer over a run's predictions.jsonl, step by step, as it would have run.
 
     python bench/replay_flip_layer.py runs/x/predictions.jsonl [more.jsonl] [--burn 5] [--kappa 1 --half-life 16]
+    python bench/replay_flip_layer.py --check runs/cal/predictions.jsonl   # a run with predictor.flip_model=calibrated
 
 Each step, the layer (`predictors.flip.FlipCalibrator`, the settings given) predicts the flip of every chosen
 anchor from what it saw before that step, then observes the step's chosen anchors, as the engine does. Printed per
@@ -9,9 +10,9 @@ the first `--burn` steps, and the layer's log loss per continuation beside q of 
 
 What it says depends on the run. On a run that allocated on q of V~ (predictor.flip_model=raw) the anchors were
 chosen on q of V~, not on the layer, so the replay says how calibrated the layer would have been on those anchors,
-not on the ones it would have chosen. On a run with the calibrated layer the replay recomputes what the run
-allocated on: its predictions match the records' flip_pred (printed: the largest difference), a check that the
-records hold everything the layer read. Prints figures, asserts nothing.
+not on the ones it would have chosen. On a run with the calibrated layer (at these settings) the replay recomputes
+what the run allocated on: with --check it prints the largest difference from the records' flip_pred, a check
+that the records hold everything the layer read. Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def replay(path: str, args) -> None:
             recs = by_step[(method, step)]
             r, v, d, k, f = (np.array([rec[key] for rec in recs]) for key in PER_STEP)
             pred = layer.predict(r, v, d)
-            if all("flip_pred" in rec for rec in recs) and args.live:
+            if args.check and all("flip_pred" in rec for rec in recs):
                 checked = True
                 worst = max(worst, float(np.max(np.abs(pred - [rec["flip_pred"] for rec in recs]))))
             q_raw = np.where(r > 0.5, 1 - v, v)
@@ -86,7 +87,7 @@ def main() -> None:
     parser.add_argument("--sigma-slope", type=float, default=0.5)
     parser.add_argument("--half-life", type=float, default=16.0)
     parser.add_argument("--max-depth", type=int, default=4)
-    parser.add_argument("--no-live", dest="live", action="store_false", help="skip the check against flip_pred")
+    parser.add_argument("--check", action="store_true", help="compare with flip_pred (a calibrated run's records)")
     args = parser.parse_args()
     for path in args.paths:
         replay(path, args)
