@@ -83,6 +83,7 @@ CASES = [
     (["rollout", "policy.vllm.enable_chunked_prefill=maybe"], "policy.vllm.enable_chunked_prefill"),
     (["train", "update.dtype=float16"], "update.dtype"),
     (["train", "predictor.gp_encoder=minilm"], "predictor.gp_encoder"),
+    (["train", "predictor.flip_model=smart"], "predictor.flip_model"),
 ]
 
 

@@ -250,15 +250,17 @@ def plot_reliability(calibration: dict[str, dict[str, dict]], path: Path, max_de
             f = run["flips"].get(dn)
             if f:
                 size = 12 + 4 * math.sqrt(f["continuations"])
-                row[2].scatter(f["pred"], f["real"], s=size, color=f"C{d}", label=f"depth {dn} (q of V~)", zorder=3)
+                row[2].scatter(f["pred"], f["real"], s=size, color=f"C{d}", label=f"depth {dn}", zorder=3)
                 row[2].scatter(f["recal"], f["real"], s=size, facecolors="none", edgecolors=f"C{d}", zorder=3)
                 row[2].plot([f["pred"], f["recal"]], [f["real"]] * 2, color=f"C{d}", lw=0.8, ls=":")
+                if abs(f.get("raw", f["pred"]) - f["pred"]) > 1e-9:  # a calibrated flip layer: q of V~ beside it
+                    row[2].scatter(f["raw"], f["real"], s=size, marker="x", color=f"C{d}", zorder=3)
         if run.get("flips_by_q"):
             _curve(row[2], run["flips_by_q"], marker="x", color="0.3", label="binned by q")
         titles = (
             f"{name}: roots, V~ vs bare rollouts",
             f"{name}: prefixes, V~ vs own rollout",
-            f"{name}: flips (hollow: V~ recalibrated)",
+            f"{name}: flips (x: q of V~; ring: V~ recal.)",
         )
         labels = (
             ("predicted V~", "realised success"),
@@ -338,19 +340,31 @@ def format_calibration(diagnosis: Diagnosis) -> str:
                             str(f["chosen"]),
                             str(f["continuations"]),
                             _num(f["pred"]),
+                            _num(f.get("raw", f["pred"])),
                             _num(f["recal"]),
                             _num(f["real"]),
                             _num(f["anchors_pred"]),
                         ]
                     )
         if rows:
-            header = ["where", "period", "chosen", "continuations", "predicted", "V~ recal.", "realised", "all anchors"]
+            header = [
+                "where",
+                "period",
+                "chosen",
+                "continuations",
+                "predicted",
+                "q of V~",
+                "V~ recal.",
+                "realised",
+                "all anchors",
+            ]
             blocks.append(
                 "\n".join(
                     [
-                        f"{method}: flips of the prefixes stage 2 chose (predicted q = 1 - V~ after a success, V~ "
-                        "after a failure; V~ recal.: q with V~ mapped to its bin's realised success; all anchors: "
-                        "mean q of every anchor)",
+                        f"{method}: flips of the prefixes stage 2 chose (predicted: the q stage 2 allocated on; q of "
+                        "V~: 1 - V~ after a success, V~ after a failure, the same unless predictor.flip_model="
+                        "calibrated; V~ recal.: q of V~ with V~ mapped to its bin's realised success; all anchors: "
+                        "mean predicted q of every anchor)",
                         *_table(header, rows),
                     ]
                 )

@@ -34,6 +34,7 @@ class TurnNode:
     reward: float | None = None  # set on terminal nodes only
     origin: str = BARE  # root | bare | branch
     predicted: float | None = None  # V~(history up to this node) when the allocator looked at it
+    flip_predicted: float | None = None  # anchors: the flip probability q stage 2 allocated on (from V~ or calibrated)
     target: float | None = None  # V^: mean terminal reward of the leaves below
     leaves: int = 0  # n_y: number of leaves below (1 for a leaf)
     children: list[str] = field(default_factory=list)

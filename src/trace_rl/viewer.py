@@ -232,7 +232,8 @@ def _turn_html(view: _TreeView, node: TurnNode, index: int) -> str:
     ]
     if node.node_id in view.anchor_reward and node.predicted is not None:
         r = view.anchor_reward[node.node_id]
-        q = float(prefix_flip_prob(r, node.predicted))
+        # the q stage 2 allocated on (trees from before it was recorded: q of V~, what stage 2 then read)
+        q = node.flip_predicted if node.flip_predicted is not None else float(prefix_flip_prob(r, node.predicted))
         conts = [c for c in tree.children(node.node_id) if c.origin != node.origin]
         flips = sum(1 for c in conts if (x := view.reward_of(c)) is not None and _success(x) != _success(r))
         k_text = f"K={len(conts)}" + (f", {flips} flipped" if conts else "")

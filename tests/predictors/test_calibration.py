@@ -14,7 +14,7 @@ from trace_rl.predictors.calibration import (
     step_calibration,
     summary,
 )
-from trace_rl.predictors.diagnostics import calibration_error, node_records
+from trace_rl.predictors.diagnostics import calibration_error, flip_rows, node_records
 from trace_rl.tree import BRANCH, RolloutTree
 
 
@@ -83,15 +83,39 @@ def test_tables_of_a_hand_built_tree():
     f1, f2, fall = tab["flips"]["1"], tab["flips"]["2+"], tab["flips"]["all"]
     # a0 after a success: q = 1 - 0.7, two continuations, one flip; its bin at depth 1 realised 1, so recal q = 0
     assert f1 == pytest.approx(
-        {"chosen": 1, "continuations": 2, "pred": 0.3, "recal": 0.0, "real": 0.5, "anchors_pred": (0.3 + 0.2) / 2}
+        {
+            "chosen": 1,
+            "continuations": 2,
+            "pred": 0.3,
+            "raw": 0.3,  # no flip_pred on the nodes: stage 2 read q from V~
+            "recal": 0.0,
+            "real": 0.5,
+            "anchors_pred": (0.3 + 0.2) / 2,
+        }
     )
     # a1b after a failure: q = V~ = 0.4, one continuation, one flip; its bin realised 0, so recal q = 0
     assert f2 == pytest.approx(
-        {"chosen": 1, "continuations": 1, "pred": 0.4, "recal": 0.0, "real": 1.0, "anchors_pred": 0.4}
+        {"chosen": 1, "continuations": 1, "pred": 0.4, "raw": 0.4, "recal": 0.0, "real": 1.0, "anchors_pred": 0.4}
     )
     assert fall["continuations"] == 3 and fall["pred"] == pytest.approx((0.3 * 2 + 0.4) / 3)
     assert fall["real"] == pytest.approx(2 / 3) and fall["anchors_pred"] == pytest.approx(0.3)
     assert [(b["lo"], b["n"], b["real"]) for b in tab["flips_by_q"]] == [(0.3, 2, 0.5), (0.4, 1, 1.0)]
+
+
+def test_the_flip_stage_2_allocated_on_is_what_the_tables_predict_and_q_of_v_stays_beside_it():
+    tree = hand_tree()
+    tree["0.0"].flip_predicted, tree["0.1"].flip_predicted, tree["0.1.0"].flip_predicted = 0.1, 0.05, 0.6
+    recs = node_records([tree])
+    assert sorted(r["flip_pred"] for r in recs if "bare_reward" in r) == [0.05, 0.1, 0.6]
+    tab = calibration_tables(recs, max_depth=2)
+    f1, f2, fall = tab["flips"]["1"], tab["flips"]["2+"], tab["flips"]["all"]
+    assert (f1["pred"], f1["raw"], f1["anchors_pred"]) == pytest.approx((0.1, 0.3, (0.1 + 0.05) / 2))
+    assert (f2["pred"], f2["raw"]) == pytest.approx((0.6, 0.4))
+    assert fall["pred"] == pytest.approx((0.1 * 2 + 0.6) / 3) and fall["raw"] == pytest.approx((0.3 * 2 + 0.4) / 3)
+    assert [(b["lo"], b["n"]) for b in tab["flips_by_q"]] == [(0.1, 2), (0.6, 1)]  # binned by what it allocated on
+    step = step_calibration(recs)
+    assert step["flip_pred"] == pytest.approx(fall["pred"]) and step["flip_raw"] == pytest.approx(fall["raw"])
+    assert flip_rows(recs)["prefixes"]["pred_flip"] == pytest.approx(fall["pred"])  # the older table agrees
 
 
 def test_step_metrics_name_depth_bins_and_leave_out_what_a_step_lacks():

@@ -9,11 +9,13 @@ pytest.importorskip("transformers")
 
 from helpers_calc import scripted_calc  # noqa: E402
 
+from trace_rl.allocation import prefix_flip_prob  # noqa: E402
 from trace_rl.backends.base import SamplingParams, ScriptedBackend  # noqa: E402
 from trace_rl.envs.calculator import CalculatorEnv, make_task, make_tasks  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
 from trace_rl.methods import BudgetPlan, get_method  # noqa: E402
 from trace_rl.metrics import tree_budget  # noqa: E402
+from trace_rl.predictors.flip import FlipCalibrator  # noqa: E402
 from trace_rl.predictors.history import RewardHistoryPredictor  # noqa: E402
 from trace_rl.predictors.text import light_text_predictor  # noqa: E402
 from trace_rl.rollout.engine import TreeRolloutEngine  # noqa: E402
@@ -161,3 +163,32 @@ def test_a_seed_reproduces_sampled_trees_whatever_the_timing():
         res = TreeRolloutEngine(actor, light_text_predictor(), plan, seed=3).grow(tasks, get_method("trace"))
         runs.append([(n.node_id, n.token_ids, n.reward) for t in res.trees for n in t.nodes.values()])
     assert runs[0] == runs[1]
+
+
+def test_the_calibrated_flip_layer_is_what_stage_2_reads_and_it_learns_each_step(tok):
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=4, branch_factor=1, pool_factor=2, max_per_prompt=4)
+    eng = engine(tok, light_text_predictor(), plan)
+    eng.flip_model = layer = FlipCalibrator()
+    seen = 0
+    for step in range(2):
+        theta = layer.theta.copy()  # what stage 2 reads this step: the fit of the steps before
+        res = eng.grow(make_tasks(4, seed=step, steps=(2, 3)), get_method("trace"), step)
+        anchors = [(t, node, r) for t in res.active for node, r in t.anchors()]
+        assert anchors
+        for _, node, r in anchors:
+            q = float(prefix_flip_prob(float(r > 0.5), node.predicted))
+            probe = FlipCalibrator()
+            probe.theta = theta
+            assert node.flip_predicted == pytest.approx(probe.predict([r], [node.predicted], [node.depth])[0])
+            if step == 0:  # nothing seen yet: the prior, half of q from V~
+                assert node.flip_predicted == pytest.approx(q / 2)
+        seen += sum(1 for t, node, _ in anchors if t.started_rewards(node.node_id))
+        assert layer.steps_seen == step + 1 and len(layer.state_dict()["rows"]) == seen
+    assert not np.array_equal(layer.theta, 0 * layer.theta)  # it moved off the prior
+
+
+def test_without_the_layer_stage_2_reads_q_from_v_and_records_it(tok):
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=4, branch_factor=1, pool_factor=2, max_per_prompt=4)
+    res = engine(tok, light_text_predictor(), plan).grow(make_tasks(4, seed=0, steps=(2, 3)), get_method("trace"))
+    anchors = [(node, r) for t in res.active for node, r in t.anchors()]
+    assert anchors and all(n.flip_predicted == prefix_flip_prob(r, n.predicted) for n, r in anchors)

@@ -1,11 +1,12 @@
 import json
 
 import numpy as np
+import pytest
 
 from trace_rl.methods import BudgetPlan
 from trace_rl.rollout.records import format_table, summarize
 from trace_rl.testbed.propositions import check_propositions
-from trace_rl.testbed.simulate import SimulateConfig, run_simulation
+from trace_rl.testbed.simulate import SimulateConfig, TestbedPredictorConfig, run_simulation
 
 SMALL = dict(
     steps=4,
@@ -107,3 +108,17 @@ def test_propositions_hold_exactly():
     assert r["prop1_max_rise_exact"] <= 1e-12
     assert r["prop2_max_abs_gap_exact"] <= 1e-12
     assert abs(r["prop2_mc_qv"] - r["prop2_v0_1_minus_v0"]) < 5 * r["prop2_mc_stderr"] + 1e-3
+
+
+def test_the_flip_model_setting_reaches_stage_2():
+    runs = {
+        kind: run_simulation(
+            SimulateConfig(methods=["trace"], predictor=TestbedPredictorConfig(flip_model=kind), **SMALL)
+        )["trace"]
+        for kind in ("raw", "calibrated")
+    }
+    for rec in runs["raw"]:
+        assert rec["predictor/flip_pred"] == rec["predictor/flip_raw"]  # q of V~ is what stage 2 read
+    first, later = runs["calibrated"][0], runs["calibrated"][1:]
+    assert first["predictor/flip_pred"] == pytest.approx(first["predictor/flip_raw"] / 2)  # the prior, no data yet
+    assert any(r["predictor/flip_pred"] != pytest.approx(r["predictor/flip_raw"] / 2) for r in later)  # it learned

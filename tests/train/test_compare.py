@@ -185,10 +185,11 @@ def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_pat
     changed = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4, eval_tasks=9))
     with pytest.raises(ValueError, match="other settings.*eval_tasks"):
         cmp.run_compare(changed)
-    # GRPO never branches: its runs serve a study at another branch factor or weighting; a branching method's are
-    # refused
+    # GRPO never branches: its runs serve a study at another branch factor, weighting or flip model; a branching
+    # method's are refused
     other_n = TrainConfig(steps=4, budget=BudgetPlan(prompts=8, branch_factor=2))
     other_n.update.weighting = "leaf"
+    other_n.predictor.flip_model = "calibrated" if other_n.predictor.flip_model == "raw" else "raw"
     cmp.run_compare(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0, 1], train=other_n))
     assert len(calls) == 3
     with pytest.raises(ValueError, match="other settings.*budget.branch_factor.*update.weighting"):

@@ -43,7 +43,10 @@ def untimed(rec: dict) -> dict:
 def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     decay = "update.final_lr=0.5"  # the rate of a step is a function of the step: a resume sets the same one
-    assert main(["train", *SMALL, decay, "steps=2", "seed=0", f"out={full}", "save_every=1"]) == 0
+    calibrated = "predictor.flip_model=calibrated"  # stage 2's flip layer learns online: the checkpoint keeps it
+    assert main(["train", *SMALL, decay, calibrated, "steps=2", "seed=0", f"out={full}", "save_every=1"]) == 0
+    layer = json.loads((full / "global_step_2" / "trainer_state.json").read_text())["flip_model"]
+    assert layer["steps_seen"] == 2  # the setting reached the engine, which updated the layer every step
     assert (full / "global_step_2" / "config.json").exists() and (full / "global_step_2" / "optimizer.pt").exists()
     recs = records(full)
     assert [r["step"] for r in recs] == [0, 1]
@@ -58,8 +61,10 @@ def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
     ):
         assert key in recs[-1], key
     assert [r["train/lr"] for r in recs] == [2e-4, 1e-4]
-    assert main(["train", *SMALL, decay, "steps=1", "seed=0", f"out={part}"]) == 0
-    assert main(["train", *SMALL, decay, "steps=2", "seed=0", f"out={part}", "resume=true"]) == 0
+    assert main(["train", *SMALL, decay, calibrated, "steps=1", "seed=0", f"out={part}"]) == 0
+    assert main(["train", *SMALL, decay, calibrated, "steps=2", "seed=0", f"out={part}", "resume=true"]) == 0
+    again_layer = json.loads((part / "global_step_2" / "trainer_state.json").read_text())["flip_model"]
+    assert again_layer == layer
     again = records(part)
     assert [r["step"] for r in again] == [0, 1]
     assert untimed(again[1]) == untimed(recs[1])

@@ -11,11 +11,13 @@ of `diagnostics.node_records`: V~ as the allocator saw it (before the step's pre
   chosen on it. Continuations are left out here: stage 2 picked their anchors by r, so the anchors that got
   them are a biased set (and the leaf mean V^ the older `diagnostics` tables use is biased by them too).
   Anchors of one rollout share r, so a bin counts more samples than independent outcomes.
-- **Flips of the chosen prefixes**: the flip probability stage 2 allocated on, q = r(1 - V~) + (1 - r)V~,
-  averaged per continuation, against the share of continuations that ended unlike r, by depth. Beside them,
-  per depth: the mean q of all anchors (what stage 2 chose from: the margin the arg-max bought), and `recal`,
-  q recomputed with V~ replaced by the realised success of its bin in the prefix reliability at that depth
-  (what a perfect calibration map of V~ would have predicted; fitted on the same records, so optimistic).
+- **Flips of the chosen prefixes**: the flip probability stage 2 allocated on (q = r(1 - V~) + (1 - r)V~, or
+  the calibrated layer's, `predictors.flip`, as the anchor's record says in flip_pred), averaged per
+  continuation, against the share of continuations that ended unlike r, by depth. Beside them, per depth: `raw`,
+  q from V~ alone (equal to the first with `predictor.flip_model=raw`); the mean allocated q of all anchors
+  (what stage 2 chose from: the margin the arg-max bought); and `recal`, q from V~ with V~ replaced by the
+  realised success of its bin in the prefix reliability at that depth (what a perfect calibration map of V~
+  would have predicted; fitted on the same records, so optimistic).
 
 Why a calibrated V~ still over-predicts flips. If V~ = E[V(H) | what the predictor sees], a continuation from H
 flips with probability 2V(1 - V), whose mean is 2V~(1 - V~) - 2 Var(V | what it sees), while the mean of q is
@@ -126,7 +128,7 @@ def flip_prob(bare_reward, v) -> np.ndarray:
 def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bins: int = 10) -> dict:
     """The three measurements of the module docstring over `records`:
     {"roots": summary, "prefixes": {depth name or "all": summary},
-     "flips": {depth name or "all": {chosen, continuations, pred, recal, real, anchors_pred}},
+     "flips": {depth name or "all": {chosen, continuations, pred, raw, recal, real, anchors_pred}},
      "flips_by_q": reliability rows of q against the flip share, weighted by continuations}.
     A piece with no samples is left out."""
     names = depth_names(max_depth)
@@ -142,7 +144,8 @@ def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bin
     r = _success([a["bare_reward"] for a in anchors])
     cont = np.array([a.get("continuations", 0) for a in anchors], float)
     flips = np.array([a.get("flips", 0) for a in anchors], float)
-    q = flip_prob(r, v)
+    q_raw = flip_prob(r, v)
+    q = np.array([a.get("flip_pred", qr) for a, qr in zip(anchors, q_raw)], float)  # what stage 2 allocated on
     # V~ mapped to the realised success of its bin (per depth bin, over all anchors): the recalibrated V~
     v_recal = np.empty_like(v)
     idx = np.minimum((v * bins).astype(int), bins - 1)
@@ -166,6 +169,7 @@ def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bin
             "chosen": int(chosen.sum()),
             "continuations": int(w.sum()),
             "pred": float((q[chosen] * w).sum() / w.sum()),
+            "raw": float((q_raw[chosen] * w).sum() / w.sum()),
             "recal": float((q_recal[chosen] * w).sum() / w.sum()),
             "real": float(flips[chosen].sum() / w.sum()),
             "anchors_pred": float(q[sel].mean()),
@@ -185,8 +189,9 @@ def step_calibration(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bins:
     calib_root_{n,pred,real,ece}: V~ of the roots against their bare rollouts (n: rollouts);
     calib_prefix_{n,pred,real,ece} and calib_prefix_d1_{n,pred,real} .. d4plus_*: V~ of every anchor against its
     rollout's outcome (n: anchors);
-    flip_{chosen,continuations,pred,real,anchors_pred} and flip_d1_{continuations,pred,real} .. d4plus_*: the
-    chosen prefixes' predicted flip probability against the realised flip share (`recal` is left to `diagnose`:
+    flip_{chosen,continuations,pred,raw,real,anchors_pred} and flip_d1_{continuations,pred,real} .. d4plus_*:
+    the chosen prefixes' predicted flip probability (as allocated; raw: from V~ alone) against the realised flip
+    share (`recal` is left to `diagnose`:
     fitted on one step's few anchors it is mostly the anchors' own outcomes). What a step lacks (no anchor, no
     continuation) is left out rather than logged as NaN."""
     tables = calibration_tables(records, max_depth, bins)
@@ -210,7 +215,7 @@ def step_calibration(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bins:
             )
     f = tables["flips"].get("all")
     if f:
-        out.update({f"flip_{k}": f[k] for k in ("chosen", "continuations", "pred", "real", "anchors_pred")})
+        out.update({f"flip_{k}": f[k] for k in ("chosen", "continuations", "pred", "raw", "real", "anchors_pred")})
     for name in depth_names(max_depth):
         f = tables["flips"].get(name)
         if f:

@@ -6,10 +6,11 @@ correlation with its two-sided p-value from `scipy.stats.spearmanr` (the t distr
 freedom; at n = 10 and rho = 0.6 that is p = 0.067, where a normal approximation would claim 0.034), expected
 calibration error (10 equal-width bins, weighted by count) and the Brier score against V^.
 Chosen prefixes (anchors that got continuations) also carry their bare rollout's reward r, the number of
-continuations and how many flipped (ended unlike r): the predictor's flip probability for one continuation is
-1 - V~ after a success and V~ after a failure, so `flip_rows` sets the predicted flip rate of the chosen
-prefixes against the realised one, by depth. Stage 2 picks the prefixes whose predicted flip is highest, so a
-realised rate below the predicted one is partly selection (the winner's curse), not only miscalibration.
+continuations and how many flipped (ended unlike r): stage 2's flip probability for one continuation is
+1 - V~ after a success and V~ after a failure (or the calibrated layer's, `predictors.flip`, which the node
+records), so `flip_rows` sets the predicted flip rate of the chosen prefixes against the realised one, by
+depth. Stage 2 picks the prefixes whose predicted flip is highest, so a realised rate below the predicted one
+is partly selection (the winner's curse), not only miscalibration.
 The p-values treat nodes as independent; prefixes of one tree share leaves, so pooled over prefixes they
 overstate significance: read them as "is there any signal", not as calibrated error rates.
 
@@ -30,7 +31,8 @@ from .calibration import ece, reliability
 def node_records(trees: Iterable[RolloutTree]) -> list[dict]:
     """(depth, predicted, target, leaves) of every scored node with leaves below it. A root adds bare_rollouts and
     bare_successes (its finished bare rollouts, rewards above 0.5); an anchor adds bare_reward (its rollout's
-    reward), and a chosen one (with continuations) continuations and flips. `calibration` reads these."""
+    reward) and flip_pred (the flip probability stage 2 allocated on, where the tree recorded it), and a chosen
+    one (with continuations) continuations and flips. `calibration` reads these."""
     out = []
     for tree in trees:
         anchors = {node.node_id: r for node, r in tree.anchors()}
@@ -48,6 +50,8 @@ def node_records(trees: Iterable[RolloutTree]) -> list[dict]:
                 elif node.node_id in anchors:
                     r = anchors[node.node_id]
                     rec["bare_reward"] = r
+                    if node.flip_predicted is not None:  # the q stage 2 allocated on (from V~ or calibrated)
+                        rec["flip_pred"] = float(node.flip_predicted)
                     started = tree.started_rewards(node.node_id)
                     if started:
                         flips = sum((x > 0.5) != (r > 0.5) for x in started)
@@ -56,15 +60,23 @@ def node_records(trees: Iterable[RolloutTree]) -> list[dict]:
     return out
 
 
+def stage2_flip_prob(rec: dict) -> float:
+    """The flip probability stage 2 allocated on for an anchor record: its flip_pred, or (records from before
+    trees kept it, and stage 2 then read q from V~) 1 - V~ after a success, V~ after a failure."""
+    if "flip_pred" in rec:
+        return float(rec["flip_pred"])
+    return 1.0 - rec["predicted"] if rec["bare_reward"] > 0.5 else rec["predicted"]
+
+
 def flip_rows(records: list[dict], max_depth: int = 6) -> dict[str, dict]:
     """Per depth bucket (as `summarize_records`: "1".."{max_depth}+", "prefixes"), over the chosen prefixes:
-    chosen (how many), continuations, pred_flip (the predictor's flip probability per continuation, averaged
-    over continuations) and real_flip (flips / continuations)."""
+    chosen (how many), continuations, pred_flip (stage 2's flip probability per continuation, averaged over
+    continuations: `stage2_flip_prob`) and real_flip (flips / continuations)."""
     chosen = [r for r in records if r.get("continuations")]
     depth = np.array([r["depth"] for r in chosen], dtype=int)
     n = np.array([r["continuations"] for r in chosen], dtype=float)
     flips = np.array([r["flips"] for r in chosen], dtype=float)
-    p = np.array([1 - r["predicted"] if r["bare_reward"] > 0.5 else r["predicted"] for r in chosen])
+    p = np.array([stage2_flip_prob(r) for r in chosen])
     groups = [(str(d), depth == d) for d in range(1, max_depth)] + [
         (f"{max_depth}+", depth >= max_depth),
         ("prefixes", depth >= 1),

@@ -1,6 +1,7 @@
 """The one TRACE step, for every actor: candidate pool -> V~ of each root -> stage-1 root allocation -> bare
 rollouts -> stage-2 prefix allocation for each prompt as soon as its own bare rollouts end -> continuations
-from forked episodes -> recursive targets -> predictor update.
+from forked episodes -> recursive targets -> predictor update (and, with a `flip_model`, the update of stage 2's
+calibrated flip layer, `predictors.flip`, which stage 2 then reads its flip probability from instead of V~).
 
 The step is generic over how a turn is sampled. An `Actor` starts episodes, advances a group of them by one
 turn and forks them; the testbed's tabular policy (`testbed.actor`) and the ReAct LM agent
@@ -27,6 +28,7 @@ from typing import Sequence
 
 from ..methods import BudgetPlan, Method, allocate_method_roots
 from ..predictors.base import Predictor, training_examples
+from ..predictors.flip import FlipCalibrator, flip_observations
 from ..seeding import derive_rng, derive_seed
 from ..tree import RolloutTree
 from .grow import TIMERS, Actor, Clock, PromptJob, PromptResult, StepContext, grow_prompt
@@ -99,12 +101,14 @@ class TreeRolloutEngine:
         prefix_share: float = 0.5,
         update_predictor: bool = True,
         executor=None,
+        flip_model: FlipCalibrator | None = None,
     ):
         if not 0.0 <= prefix_share < 1.0:
             raise ValueError(f"prefix_share must be in [0, 1), got {prefix_share}")
         self.actor, self.predictor, self.plan, self.seed = actor, predictor, plan, seed
         self.prefix_share, self.update_predictor = prefix_share, update_predictor
         self.executor = executor or LocalExecutor()
+        self.flip_model = flip_model  # None: stage 2 reads q from V~; else this layer, updated with the predictor
 
     def grow(self, tasks: Sequence, method: Method, step: int = 0) -> StepResult:
         """`agrow` from synchronous code; inside a running event loop, use `await engine.agrow(...)`."""
@@ -129,7 +133,7 @@ class TreeRolloutEngine:
             tree.root.predicted = float(vi)
 
         jobs = [PromptJob(i, trees[i], tasks[i], int(mi)) for i, mi in enumerate(m) if mi > 0]
-        ctx = StepContext(self.actor, self.predictor, self.plan, method, self.seed, step, clock, start)
+        ctx = StepContext(self.actor, self.predictor, self.plan, method, self.seed, step, clock, start, self.flip_model)
         done = await self.executor.run(ctx, jobs)
         for res in done:  # an executor in another process returns its own copy of the tree
             trees[res.index] = res.tree
@@ -152,6 +156,8 @@ class TreeRolloutEngine:
             result.predictor_loss = float(self.predictor.update(examples, targets)) if examples else None
             roots = sum(node_id == tree.root_id for tree, node_id in examples)
             result.predictor_examples = (roots, len(examples) - roots)
+            if self.flip_model is not None and method.branches:
+                self.flip_model.observe(*flip_observations(active))
             clock.add("predictor", time.perf_counter() - t0)
         clock.seconds["total"] = time.perf_counter() - start
         result.time = dict(clock.seconds)

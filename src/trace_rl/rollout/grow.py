@@ -57,6 +57,13 @@ class Clock:
                 self.seconds["env"] += time.perf_counter() - self._env_since
 
 
+class FlipModel(Protocol):
+    """What stage 2 can read its flip probability from instead of V~ alone (`predictors.flip.FlipCalibrator`)."""
+
+    def predict(self, reward, v, depth) -> np.ndarray:
+        """P(one continuation flips its rollout's outcome), per anchor: bare reward, V~ and depth."""
+
+
 class Actor(Protocol):
     """How turns are sampled. An episode is the actor's own object with `done` and `reward` attributes."""
 
@@ -119,6 +126,7 @@ class StepContext:
     step: int
     clock: Clock
     t0: float
+    flip_model: FlipModel | None = None  # stage 2's flip probability; None: q from V~ (`allocation.prefix_flip_prob`)
 
 
 async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
@@ -147,9 +155,13 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
         values = ctx.predictor.predict([(tree, node.node_id) for node, _ in anchors])
         ctx.clock.add("predictor", time.perf_counter() - t1)
         t1 = time.perf_counter()
-        for (node, _), val in zip(anchors, values):
-            node.predicted = float(val)
-        q = prefix_flip_prob(np.array([r for _, r in anchors]), values)
+        rewards = np.array([r for _, r in anchors])
+        if ctx.flip_model is None:
+            q = prefix_flip_prob(rewards, values)
+        else:
+            q = ctx.flip_model.predict(rewards, values, np.array([node.depth for node, _ in anchors]))
+        for (node, _), val, qj in zip(anchors, values, q):
+            node.predicted, node.flip_predicted = float(val), float(qj)  # what stage 2 allocated on
         k = allocate_method_prefixes(method, q, budget, derive_rng(ctx.seed, "prefixes", ctx.step, i))
         branches, parents = [], []
         for (node, _), kj in zip(anchors, k):

@@ -12,7 +12,8 @@ A record is flat JSON with slash-namespaced keys (verl's and TRL's convention):
   spearman_root, spearman_depth_1, spearman_prefix, ece, brier; calibration against outcomes no choice biased
   (`predictors.calibration.step_calibration`): calib_root_{n,pred,real,ece}, calib_prefix_{n,pred,real,ece},
   calib_prefix_d1_{n,pred,real} .. d4plus_*, and the chosen prefixes' flips flip_{chosen,continuations,pred,
-  real,anchors_pred}, flip_d1_{continuations,pred,real} .. d4plus_*
+  raw,real,anchors_pred} (pred: the q stage 2 allocated on; raw: q from V~ alone), flip_d1_{continuations,pred,
+  real} .. d4plus_*
 - `timing_s/*`: generate, env, predictor, allocate, total, overhead, and what the command adds (update, eval)
 - `eval/*` and `train/*`: added by the command when it evaluates or trains (e.g. eval/accuracy)
 Summaries, plots and `diagnose` read these keys only.

@@ -24,6 +24,7 @@ from ..envs.registry import EnvSpec, get_env
 from ..errors import ConfigError, MissingFileError
 from ..methods import BudgetPlan, Method
 from ..predictors import training_examples
+from ..predictors.flip import make_flip_model
 from ..rollout.engine import TreeRolloutEngine
 from ..rollout.lm_actor import LMActor
 from ..seeding import derive_rng
@@ -167,8 +168,24 @@ def build_actor(policy: PolicyStack, spec: EnvSpec, params: SamplingParams, engi
 
 
 def build_engine(
-    actor: LMActor, predictor, budget: BudgetPlan, *, seed: int, prefix_share: float, executor=None
+    actor: LMActor,
+    predictor,
+    budget: BudgetPlan,
+    *,
+    seed: int,
+    prefix_share: float,
+    executor=None,
+    flip_model: str = "raw",
 ) -> TreeRolloutEngine:
     """The one TRACE step around `actor` and `predictor` at `budget`; trees grow on `executor` (one from
-    `rollout.engine.make_executor`, shared by every engine of a run; None: asyncio in this process)."""
-    return TreeRolloutEngine(actor, predictor, budget, seed=seed, prefix_share=prefix_share, executor=executor)
+    `rollout.engine.make_executor`, shared by every engine of a run; None: asyncio in this process); stage 2
+    reads its flip probability as `flip_model` says (`predictor.flip_model`: raw or calibrated)."""
+    return TreeRolloutEngine(
+        actor,
+        predictor,
+        budget,
+        seed=seed,
+        prefix_share=prefix_share,
+        executor=executor,
+        flip_model=make_flip_model(flip_model),
+    )

@@ -25,6 +25,7 @@ from ..backends.base import SamplingParams
 from ..envs.registry import CALCULATOR_MIX, ENVS
 from ..errors import ConfigError
 from ..methods import BudgetPlan
+from ..predictors.flip import FLIP_MODELS
 from ..rollout.engine import EXECUTORS
 from ..rollout.lm_actor import BATCHING
 from ..rollout.ray_executor import RayConfig
@@ -183,12 +184,17 @@ class LMPredictorConfig:
     critic_lr: float = 3e-3  # learning rate of the LM critic's head
     critic_epochs: int = 4  # passes of the LM critic over each step's examples
     gp_encoder: str = "all-minilm-l6-v2"  # VIP's prompt embeddings (method vip): all-minilm-l6-v2 (upstream's) | hashed
+    # raw: q = r(1 - V~) + (1 - r)V~; calibrated: a layer fitted online on the flips continuations realised, per
+    # bare outcome and depth (predictors/flip.py)
+    flip_model: str = "raw"  # stage 2's flip probability: raw (from V~ alone) | calibrated (fitted on flips)
 
     def __post_init__(self):
         if self.gp_encoder not in GP_ENCODERS:
             raise ValueError(f"gp_encoder: {self.gp_encoder!r} is not one of {', '.join(GP_ENCODERS)}")
         if not 0.0 <= self.prefix_share < 1.0:
             raise ValueError(f"prefix_share must be in [0, 1), got {self.prefix_share}")
+        if self.flip_model not in FLIP_MODELS:
+            raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {self.flip_model!r}")
         if self.warmup:
             self.warmup_trees()  # parsed now, so a bad file stops the command before any work
         if self.kind != "light":

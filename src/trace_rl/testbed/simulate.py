@@ -29,6 +29,7 @@ from ..methods import METHODS, BudgetPlan, Method, get_method
 from ..paths import turn_rows
 from ..predictors import RewardHistoryPredictor
 from ..predictors.diagnostics import node_records
+from ..predictors.flip import FLIP_MODELS, make_flip_model
 from ..rollout.engine import EXECUTORS, TreeRolloutEngine, make_executor
 from ..rollout.ray_executor import RayConfig
 from ..rollout.records import MetricsWriter, read_metrics, step_record
@@ -61,12 +62,15 @@ class TestbedPredictorConfig:
 
     lr: float = 0.2  # Adam step size
     prefix_share: float = 0.5  # share of prefix examples in a predictor batch (paper: ~6%; see docs)
+    flip_model: str = "raw"  # stage 2's flip probability: raw (from V~) | calibrated (predictors/flip.py)
 
     def __post_init__(self):
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.prefix_share < 1.0:
             raise ValueError(f"prefix_share must be in [0, 1), got {self.prefix_share}")
+        if self.flip_model not in FLIP_MODELS:
+            raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {self.flip_model!r}")
 
 
 @dataclass
@@ -170,6 +174,7 @@ class MethodRun:
             seed=seed,
             prefix_share=cfg.predictor.prefix_share,
             executor=executor,
+            flip_model=make_flip_model(cfg.predictor.flip_model),
         )
 
     def step(self, step: int):

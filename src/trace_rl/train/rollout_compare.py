@@ -83,6 +83,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
                 seed=cfg.seed,
                 prefix_share=cfg.predictor.prefix_share,
                 executor=executor,
+                flip_model=cfg.predictor.flip_model,
             )
             records = results.setdefault(name, [])
             for step, pool in enumerate(pools):

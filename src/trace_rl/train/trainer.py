@@ -321,7 +321,10 @@ def train(
         seed=cfg.seed,
         prefix_share=cfg.predictor.prefix_share,
         executor=make_executor(cfg.executor, cfg.ray),
+        flip_model=cfg.predictor.flip_model,
     )
+    if engine.flip_model is not None and state.get("flip_model"):  # a resumed run's layer, as it was saved
+        engine.flip_model.load_state_dict(state["flip_model"])
     held_out = spec.held_out(cfg.eval_tasks, derive_seed(cfg.seed, "held-out"))
     pool = cfg.budget.pool
     advantage = cfg.advantage or method.advantage
@@ -384,6 +387,8 @@ def train(
             record = rec.flat()
             logger.log(record)
             state["step"] = step + 1
+            if engine.flip_model is not None:  # the calibrated flip layer resumes from the checkpoint's state
+                state["flip_model"] = engine.flip_model.state_dict()
             if (step + 1) % cfg.save_every == 0 or last:
                 save_checkpoint(out, step + 1, model, tok, optimizer, predictor, state, config_yaml, cfg.keep_last, run)
     finally:

@@ -1,0 +1,243 @@
+"""Stage 2's flip probability, calibrated on the flips it realised: an online Bayesian logistic layer over q.
+
+Why. Stage 2 allocates on q = r(1 - V~) + (1 - r)V~, the chance that one continuation from a prefix ends unlike
+its rollout's outcome r. A V~ that is calibrated but cannot tell apart the states its features map together
+over-predicts that chance by 2 Var(V | features) on average (`predictors.calibration`): given r, the prefix's
+true value leans towards r, and an r-blind V~ cannot know by how much. Recalibrating V~ leaves that term; on
+the LM task it closed 0.04 of a 0.20 gap (docs/results/2026-12-02-calibration-lm.md). This layer predicts the
+flip itself, conditioned on r and the prefix depth, and is fitted on what every step already grows: the
+continuations stage 2 spent and whether each ended unlike its rollout.
+
+Model. For an anchor with bare outcome r (a success above 0.5), V~ at allocation v and depth d (bins 1, 2, 3,
+4+ by default), with q = `allocation.prefix_flip_prob`(r, v):
+
+    logit P(flip) = logit(q k / (k + 1)) + a[r, d] + b[r] logit(q)
+
+theta = (a, b), 2 x depth bins + 2 numbers, under a Gaussian prior N(0, diag(sigma_cell^2, sigma_slope^2)),
+fitted by maximum a posteriori on the binomial likelihood of each chosen anchor's flips out of its
+continuations (Newton with a backtracking line search: the objective is strictly convex), each anchor weighted
+by 0.5^(age / half_life), its age in steps, so the fit follows the policy as training moves it. `observe` is
+called once per step; rows older than MAX_HALF_LIVES half-lives are dropped, which bounds memory.
+
+The prior mean (theta = 0) is q k/(k + 1), and that is exactly the flip probability if V given the features
+is Beta(k v, k (1 - v)), mean v and variance v(1 - v)/(k + 1): after a success P(flip) = 1 - E[V | success]
+= 1 - (Var + v^2)/v = (1 - v) k/(k + 1); after a failure E[V | failure] = v - Var/(1 - v) = v k/(k + 1).
+k -> infinity is a V~ that sees the state (q itself), k -> 0 a state that is already decided (no flip);
+k = 1 (the default) says the features leave half of the variance a Bernoulli outcome can have unexplained.
+It is a statement about resolution, not about the task, and it carries only the first step (no data yet):
+sigma_cell = 4 on the logit scale lets one step's few dozen continuations move each cell.
+
+Honest about selection. The layer is fitted on the anchors stage 2 chose, and only on them: an anchor that got
+no continuation shows no flip. Stage 2 chooses on the layer's own prediction, a function of (r, v, d), the
+layer's inputs; given its inputs, being chosen tells nothing more about the outcome (selection on what the
+model sees), so the arg-max does not bias the fit the way it makes q from V~ look better on the chosen
+prefixes than it is. Two limits remain. A prompt's anchors compete for its budget, so being chosen also
+depends on the siblings' inputs, which may carry information about an anchor's state that its own inputs
+lack. And a cell the allocator stops choosing (late prefixes of successful rollouts, once the layer learns
+they rarely flip) gets no new data: its prediction rests on old rows and, as they age out, on the prior; if
+the prior over-predicts there, the allocator tries the cell again and the new rows correct it.
+
+What it cannot do: reorder the anchors of one (r, depth) cell that V~ ranks wrongly. b scales logit(q) but
+keeps the order within a cell (for b > -1); it moves whole cells against each other (a failure's early prefix
+against a success's late one) and sets the levels. Only features that see the state after a turn (a critic on
+the policy's hidden states) can sharpen which prefix of a cell to pick. numpy only.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from ..allocation import prefix_flip_prob
+from ..tree import RolloutTree
+
+FLIP_MODELS = ("raw", "calibrated")  # the setting `predictor.flip_model`: q from V~ alone, or this layer
+Z_CLIP = 6.0  # |logit q| is clipped here (q in [0.0025, 0.9975]): a V~ of exactly 0 or 1 stays finite
+MAX_HALF_LIVES = 10.0  # rows older than this many half-lives weigh below 2^-10 and are dropped
+MAX_NEWTON = 50
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    return np.clip(np.log(p) - np.log1p(-p), -Z_CLIP, Z_CLIP)
+
+
+def _expit(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow warning for large |x|
+
+
+def beta_flip_prior(q, kappa: float) -> np.ndarray:
+    """q k/(k + 1): the flip probability when V given the features is Beta with mean V~ and concentration k
+    (module docstring). With k = 1 it is half of q."""
+    return np.asarray(q, dtype=np.float64) * (kappa / (kappa + 1.0))
+
+
+def _positive(name: str, x) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not np.isfinite(x) or x <= 0:
+        raise ValueError(f"{name} must be a positive number, got {x!r}")
+    return float(x)
+
+
+class FlipCalibrator:
+    """P(a continuation flips its rollout's outcome | r, V~, depth), online (see the module docstring)."""
+
+    def __init__(
+        self,
+        kappa: float = 1.0,
+        sigma_cell: float = 4.0,
+        sigma_slope: float = 0.5,
+        half_life: float = 16.0,
+        max_depth: int = 4,
+    ):
+        self.kappa = _positive("kappa", kappa)
+        self.sigma_cell = _positive("sigma_cell", sigma_cell)
+        self.sigma_slope = _positive("sigma_slope", sigma_slope)
+        self.half_life = _positive("half_life", half_life)
+        if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1:
+            raise ValueError(f"max_depth must be an integer >= 1, got {max_depth!r}")
+        self.max_depth = int(max_depth)
+        self.theta = np.zeros(2 * self.max_depth + 2)
+        self.steps_seen = 0
+        # one row per observed anchor: success (0/1), q from V~, depth bin, continuations, flips, age in steps
+        self._rows = np.zeros((0, 6))
+
+    # -- the model --------------------------------------------------------------------------------
+    def _inputs(self, reward, v, depth) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        success = (np.asarray(reward, dtype=np.float64) > 0.5).astype(np.float64)
+        v = np.asarray(v, dtype=np.float64)
+        depth = np.asarray(depth)
+        if not success.shape == v.shape == depth.shape or success.ndim != 1:
+            shapes = f"{success.shape}, {v.shape}, {depth.shape}"
+            raise ValueError(f"reward, v and depth must be 1-D arrays of one length, got shapes {shapes}")
+        if v.size and (not np.all(np.isfinite(v)) or v.min() < 0 or v.max() > 1):
+            raise ValueError("v must hold probabilities in [0, 1]")
+        if depth.size and (not np.issubdtype(depth.dtype, np.integer) or depth.min() < 1):
+            raise ValueError("depth must hold integers >= 1 (an anchor is a turn below the root)")
+        return success, prefix_flip_prob(success, v), np.minimum(depth, self.max_depth).astype(np.int64) - 1
+
+    def _design(self, success: np.ndarray, q: np.ndarray, dbin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(X, offset): one-hot (r, depth bin) cells, then logit(q) after a failure and after a success."""
+        n, d = q.size, self.max_depth
+        x = np.zeros((n, 2 * d + 2))
+        x[np.arange(n), success.astype(np.int64) * d + dbin] = 1.0
+        z = _logit(q)
+        x[:, 2 * d] = (1.0 - success) * z
+        x[:, 2 * d + 1] = success * z
+        return x, _logit(beta_flip_prior(q, self.kappa))
+
+    def _precision(self) -> np.ndarray:
+        d = self.max_depth
+        return np.concatenate([np.full(2 * d, self.sigma_cell**-2.0), np.full(2, self.sigma_slope**-2.0)])
+
+    def predict(self, reward, v, depth) -> np.ndarray:
+        """The flip probability of one continuation from each anchor (bare reward, V~ at the anchor, its depth)."""
+        success, q, dbin = self._inputs(reward, v, depth)
+        x, offset = self._design(success, q, dbin)
+        return _expit(offset + x @ self.theta)
+
+    # -- the online update ------------------------------------------------------------------------
+    def observe(self, reward, v, depth, continuations, flips) -> None:
+        """One step's chosen anchors (their bare reward, V~ when stage 2 scored them, depth, how many
+        continuations they grew and how many flipped): age the rows seen so far by one step, add these, refit."""
+        success, q, dbin = self._inputs(reward, v, depth)
+        k = np.asarray(continuations, dtype=np.float64)
+        f = np.asarray(flips, dtype=np.float64)
+        if not k.shape == f.shape == q.shape:
+            raise ValueError(f"continuations and flips must match the anchors, got {k.shape}, {f.shape}, {q.shape}")
+        whole = np.all(k == np.round(k)) and np.all(f == np.round(f))
+        if k.size and (not whole or k.min() < 1 or f.min() < 0 or np.any(f > k)):
+            raise ValueError("continuations must be integers >= 1 and flips integers in 0..continuations")
+        rows = self._rows.copy()
+        rows[:, 5] += 1.0
+        rows = rows[rows[:, 5] <= MAX_HALF_LIVES * self.half_life]
+        self._rows = np.concatenate([rows, np.stack([success, q, dbin, k, f, np.zeros_like(q)], axis=1)])
+        self.steps_seen += 1
+        self.theta = self._fit()
+
+    def _fit(self) -> np.ndarray:
+        """MAP theta on the rows (always from the prior mean, so a restored state refits to the same numbers)."""
+        prec = self._precision()
+        theta = np.zeros_like(prec)
+        if not len(self._rows):
+            return theta
+        success, q, dbin, k, f, age = self._rows.T
+        x, offset = self._design(success, q, dbin.astype(np.int64))
+        w = 0.5 ** (age / self.half_life)
+
+        def objective(t: np.ndarray) -> float:
+            eta = offset + x @ t
+            return float(np.sum(w * (k * np.logaddexp(0.0, eta) - f * eta)) + 0.5 * np.sum(prec * t * t))
+
+        value = objective(theta)
+        for _ in range(MAX_NEWTON):
+            p = _expit(offset + x @ theta)
+            grad = x.T @ (w * (k * p - f)) + prec * theta
+            hess = (x * (w * k * p * (1.0 - p))[:, None]).T @ x + np.diag(prec)
+            step = -np.linalg.solve(hess, grad)
+            t = 1.0
+            while True:  # backtracking (Armijo): Newton's full step can overshoot where p is near 0 or 1
+                new = objective(theta + t * step)
+                if new <= value + 1e-4 * t * float(grad @ step) or t < 1e-8:
+                    break
+                t *= 0.5
+            theta, done = theta + t * step, value - new < 1e-12
+            value = new
+            if done:
+                break
+        return theta
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """What a checkpoint needs (JSON-safe: floats written by json round-trip exactly)."""
+        return {
+            "settings": {
+                "kappa": self.kappa,
+                "sigma_cell": self.sigma_cell,
+                "sigma_slope": self.sigma_slope,
+                "half_life": self.half_life,
+                "max_depth": self.max_depth,
+            },
+            "steps_seen": self.steps_seen,
+            "rows": self._rows.tolist(),
+            "theta": self.theta.tolist(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` wrote; a state of other settings is refused in one line."""
+        if state.get("settings") != self.state_dict()["settings"]:
+            raise ValueError(f"flip model: the saved settings {state.get('settings')} differ from this one's")
+        rows = np.asarray(state["rows"], dtype=np.float64).reshape(-1, 6)
+        self._rows, self.steps_seen = rows, int(state["steps_seen"])
+        self.theta = np.asarray(state["theta"], dtype=np.float64)
+
+
+def flip_observations(trees: Iterable[RolloutTree]) -> tuple[np.ndarray, ...]:
+    """(reward, V~, depth, continuations, flips) of every anchor that grew continuations and was scored (its
+    V~ at allocation is on the node): what `FlipCalibrator.observe` takes."""
+    rows = []
+    for tree in trees:
+        for node, r in tree.anchors():
+            started = tree.started_rewards(node.node_id)
+            if started and node.predicted is not None:
+                flips = sum((x > 0.5) != (r > 0.5) for x in started)
+                rows.append((r, node.predicted, node.depth, len(started), flips))
+    if not rows:
+        return tuple(np.zeros(0, dtype=t) for t in (float, float, np.int64, np.int64, np.int64))
+    r, v, d, k, f = zip(*rows)
+    return (
+        np.array(r, dtype=np.float64),
+        np.array(v, dtype=np.float64),
+        np.array(d, dtype=np.int64),
+        np.array(k, dtype=np.int64),
+        np.array(f, dtype=np.int64),
+    )
+
+
+def make_flip_model(kind: str) -> FlipCalibrator | None:
+    """The flip model of the setting `predictor.flip_model`: None for raw (q from V~), else the layer."""
+    if kind == "raw":
+        return None
+    if kind == "calibrated":
+        return FlipCalibrator()
+    raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {kind!r}")
