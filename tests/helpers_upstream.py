@@ -5,9 +5,12 @@ environment variable names), and the recorded upstream outputs that let the same
 line when `var` names a file that is missing or the wrong one (a developer who set it wants the comparison).
 `load_fixture` / `write_fixture` read and write the JSON tables of upstream outputs next to the tests."""
 
+import hashlib
 import importlib.util
 import json
+import os
 import sys
+from datetime import date
 from pathlib import Path
 from types import ModuleType
 
@@ -35,6 +38,19 @@ def upstream_or_skip(var: str) -> ModuleType:
 
 def load_fixture(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def provenance(var: str, script: str, versions: str, what: str) -> dict:
+    """Where a table of upstream outputs came from: the upstream file `var` names, its sha256, when and by which
+    test script it was made, the library versions and the calls it records."""
+    ref, path = upstream_code.REFERENCES[var], Path(os.environ[var])
+    return {
+        "upstream": f"{ref.repo} @ {ref.commit}, {ref.path}",
+        "run_from": f"{path.name}, sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}",
+        "made": f"{date.today().isoformat()} by `python {script}`",
+        "versions": f"{versions}, python {sys.version.split()[0]}",
+        "what": what,
+    }
 
 
 def write_fixture(path: Path, provenance: dict, tables: dict[str, list[dict]]) -> None:

@@ -10,19 +10,16 @@ the same on fresh random instances, and a check that the recorded table is what 
 `python tests/core/test_knapsack.py`, with the variable set and PYTHONPATH=src:tests, rewrites the table."""
 
 import contextlib
-import hashlib
 import io
 import itertools
-import os
 import sys
 from collections import Counter
-from datetime import date
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_upstream import load_fixture, upstream_code, upstream_or_skip, write_fixture
+from helpers_upstream import load_fixture, provenance, upstream_code, upstream_or_skip, write_fixture
 
 from trace_rl.knapsack import allocate_knapsack_rl, allocate_knapsack_rl_repaired, knapsack_rl_dp, knapsack_rl_value
 
@@ -279,18 +276,13 @@ def main() -> None:
     inputs = [(np.array(p), b, m) for p, b, m in HAND] + list(random_instances(200, seed=11, digits=4))
     import numpy
 
-    ref = upstream_code.REFERENCES[VAR]
-    path = Path(os.environ[VAR])
-    provenance = {
-        "upstream": f"{ref.repo} @ {ref.commit}, {ref.path}",
-        "run_from": f"{path.name}, sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}",
-        "made": f"{date.today().isoformat()} by `python tests/core/test_knapsack.py`",
-        "versions": f"numpy {numpy.__version__}, python {sys.version.split()[0]}, numba "
-        + ("used where upstream uses it" if module.NUMBA_AVAILABLE else "absent (its pure-Python DP)"),
-        "what": "sampling_budget_by_knapsack([[1, p_i, 16]], n=budget // P, max_n, total_budget=budget, "
-        f"allow_fallback=True or False), other arguments at their defaults; {FAILED!r}: its budget assertion failed",
-    }
-    write_fixture(FIXTURE, provenance, {"sampling_budget_by_knapsack": [upstream_row(module, *x) for x in inputs]})
+    numba = "used where upstream uses it" if module.NUMBA_AVAILABLE else "absent (its pure-Python DP)"
+    what = (
+        "sampling_budget_by_knapsack([[1, p_i, 16]], n=budget // P, max_n, total_budget=budget, "
+        f"allow_fallback=True or False), other arguments at their defaults; {FAILED!r}: its budget assertion failed"
+    )
+    prov = provenance(VAR, "tests/core/test_knapsack.py", f"numpy {numpy.__version__}, numba {numba}", what)
+    write_fixture(FIXTURE, prov, {"sampling_budget_by_knapsack": [upstream_row(module, *x) for x in inputs]})
     print(f"wrote {FIXTURE}")
 
 

@@ -13,17 +13,14 @@ and a check that the recorded table is what that file computes here. `python tes
 variable set and PYTHONPATH=src:tests, rewrites the table."""
 
 import contextlib
-import hashlib
 import io
-import os
 import sys
-from datetime import date
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_upstream import load_fixture, upstream_code, upstream_or_skip, write_fixture
+from helpers_upstream import load_fixture, provenance, upstream_code, upstream_or_skip, write_fixture
 
 from trace_rl.vip import (
     LOWER,
@@ -342,19 +339,13 @@ def main() -> None:
     import numpy
     import scipy
 
-    ref = upstream_code.REFERENCES[VAR]
-    path = Path(os.environ[VAR])
-    provenance = {
-        "upstream": f"{ref.repo} @ {ref.commit}, {ref.path}",
-        "run_from": f"{path.name}, sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}",
-        "made": f"{date.today().isoformat()} by `python tests/core/test_vip.py`",
-        "versions": f"numpy {numpy.__version__}, scipy {scipy.__version__}, python {sys.version.split()[0]}",
-        "what": "allocate_rollout(p, budget, lower, upper=32, allocation_rule=rule) and its solve() (SLSQP; null "
-        "where it splits evenly); allocation_rounding(x, a, budget, upper=32)",
-    }
-    write_fixture(
-        FIXTURE, provenance, {"allocate_rollout": upstream_rows(module, inputs), "allocation_rounding": rounding}
+    what = (
+        "allocate_rollout(p, budget, lower, upper=32, allocation_rule=rule) and its solve() (SLSQP; null "
+        "where it splits evenly); allocation_rounding(x, a, budget, upper=32)"
     )
+    versions = f"numpy {numpy.__version__}, scipy {scipy.__version__}"
+    tables = {"allocate_rollout": upstream_rows(module, inputs), "allocation_rounding": rounding}
+    write_fixture(FIXTURE, provenance(VAR, "tests/core/test_vip.py", versions, what), tables)
     print(f"wrote {FIXTURE}")
 
 

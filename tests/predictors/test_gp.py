@@ -8,16 +8,13 @@ made it), and a fit worked by hand. With TRACE_RL_VIP_GP_REFERENCE naming upstre
 the same on fresh random sequences, and a check that the recorded table is what that file computes here.
 `python tests/predictors/test_gp.py`, with the variable set and PYTHONPATH=src:tests, rewrites the table."""
 
-import hashlib
-import os
 import sys
-from datetime import date
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers_upstream import load_fixture, upstream_code, upstream_or_skip, write_fixture
+from helpers_upstream import load_fixture, provenance, upstream_code, upstream_or_skip, write_fixture
 
 from trace_rl.predictors.gp import PRIOR, GaussianProcessPredictor
 from trace_rl.tree import RolloutTree
@@ -210,21 +207,20 @@ def main() -> None:
     import numpy
     import scipy
 
-    ref = upstream_code.REFERENCES[VAR]
-    path = Path(os.environ[VAR])
-    provenance = {
-        "upstream": f"{ref.repo} @ {ref.commit}, {ref.path}",
-        "run_from": f"{path.name}, sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}",
-        "made": f"{date.today().isoformat()} by `python tests/predictors/test_gp.py`",
-        "versions": f"numpy {numpy.__version__}, scipy {scipy.__version__}, python {sys.version.split()[0]}",
-        "what": "GPR(Euclidean distances of the embeddings, reuse_covariance=False, reuse_mean=True, "
-        "return_std=False, prior_value=-5): per step fit_qids(fit, y), then the logit of predict_qids(query)",
-    }
+    what = (
+        "GPR(Euclidean distances of the embeddings, reuse_covariance=False, reuse_mean=True, "
+        "return_std=False, prior_value=-5): per step fit_qids(fit, y), then the logit of predict_qids(query)"
+    )
+    versions = f"numpy {numpy.__version__}, scipy {scipy.__version__}"
     rows = [
         {"fit": b.tolist(), "y": y.tolist(), "query": q.tolist(), "logits": lg.tolist()}
         for (b, y, q), lg in zip(sequence, upstream_logits(module, e, sequence))
     ]
-    write_fixture(FIXTURE, provenance, {"embeddings": e.tolist(), "steps": rows})
+    write_fixture(
+        FIXTURE,
+        provenance(VAR, "tests/predictors/test_gp.py", versions, what),
+        {"embeddings": e.tolist(), "steps": rows},
+    )
     print(f"wrote {FIXTURE}")
 
 
