@@ -210,7 +210,13 @@ def plot_calibration(by_method: dict[str, list[dict]], path: Path, max_depth: in
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("Calibration by depth (dotted: perfect)", fontsize=11)
+    return _save(fig, "Calibration by depth (dotted: perfect)", path)
+
+
+def _save(fig, title: str, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -278,11 +284,7 @@ def plot_reliability(calibration: dict[str, dict[str, dict]], path: Path, max_de
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=6.5, loc="upper left")
-    fig.suptitle("Reliability against outcomes no allocation choice biased (dotted: perfect)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, "Reliability against outcomes no allocation choice biased (dotted: perfect)", path)
 
 
 def _num(x: float, fmt: str = "{:.3f}") -> str:
