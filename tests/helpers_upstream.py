@@ -24,9 +24,9 @@ sys.modules["upstream_code"] = upstream_code  # its dataclass looks its module u
 _spec.loader.exec_module(upstream_code)
 
 
-def upstream_or_skip(var: str) -> ModuleType:
+def upstream_or_skip(var: str, provide: dict[str, ModuleType] | None = None) -> ModuleType:
     try:
-        module, error = upstream_code.load(var), None
+        module, error = upstream_code.load(var, provide), None
     except ValueError as exc:
         module, error = None, str(exc)
     if error:  # outside the except block, so the report is the one line alone
@@ -40,13 +40,14 @@ def load_fixture(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def provenance(var: str, script: str, versions: str, what: str) -> dict:
-    """Where a table of upstream outputs came from: the upstream file `var` names, its sha256, when and by which
-    test script it was made, the library versions and the calls it records."""
-    ref, path = upstream_code.REFERENCES[var], Path(os.environ[var])
+def provenance(var: str | tuple[str, ...], script: str, versions: str, what: str) -> dict:
+    """Where a table of upstream outputs came from: the upstream file `var` names (or each of several), its
+    sha256, when and by which test script it was made, the library versions and the calls it records."""
+    names = (var,) if isinstance(var, str) else var
+    refs, paths = [upstream_code.REFERENCES[v] for v in names], [Path(os.environ[v]) for v in names]
     return {
-        "upstream": f"{ref.repo} @ {ref.commit}, {ref.path}",
-        "run_from": f"{path.name}, sha256 {hashlib.sha256(path.read_bytes()).hexdigest()}",
+        "upstream": "; ".join(f"{ref.repo} @ {ref.commit}, {ref.path}" for ref in refs),
+        "run_from": "; ".join(f"{p.name}, sha256 {hashlib.sha256(p.read_bytes()).hexdigest()}" for p in paths),
         "made": f"{date.today().isoformat()} by `python {script}`",
         "versions": f"{versions}, python {sys.version.split()[0]}",
         "what": what,

@@ -1,133 +1,68 @@
 """The baselines reproduce their authors' code: Tree-GRPO and TreePO advantages (Knapsack RL's allocation:
 test_knapsack.py; VIP's: test_vip.py).
 
-Upstream code read for these tests (hand cases below follow it line by line, and the numpy ports are
-faithful transcriptions of it, torch replaced by numpy):
+Upstream code (the hand cases below follow it line by line):
 - Tree-GRPO: github.com/AMAP-ML/Tree-GRPO @ 90b170995d996d772d68117e0c7bd0b8fe00d393,
-  verl/trainer/ppo/core_algos.py `compute_grpo_outcome_advantage` (a group of one: mean 0, std 1; otherwise
-  torch.std, i.e. n - 1) and verl/trainer/ppo/ray_trainer_ts.py `compute_advantage`, branch 'tree' (the
-  estimator its train_*_tree_search.sh scripts select): inter-tree advantage over `uid` (the prompt) plus
-  intra-tree advantage over `tree_uid` (one tree per initial action chain, search_r1/llm_agent/generation_ts.py).
+  verl/trainer/ppo/ray_trainer_ts.py `compute_advantage`, branch 'tree' (the estimator its
+  train_*_tree_search.sh scripts select): verl/trainer/ppo/core_algos.py `compute_grpo_outcome_advantage` over
+  `uid` (the prompt: inter-tree) plus the same over `tree_uid` (one tree per initial action chain,
+  search_r1/llm_agent/generation_ts.py: intra-tree); a group of one has mean 0 and std 1, otherwise torch.std
+  (n - 1).
 - TreePO: github.com/multimodal-art-projection/TreePO @ f05552394e734ea2838cf9e3b8191f5093319dcf,
   verl/trainer/ppo/core_algos.py `compute_tree_reinforce_plus_plus_baseline_outcome_advantage` with
-  recipe/treepo/run_treepo_train.sh's settings (adv_weight_strategy="average", subtree_std_ds=False), and
-  verl/utils/torch_functional.py `masked_whiten` / `masked_var` (unbiased) over the whole batch.
+  recipe/treepo/run_treepo_train.sh's settings (adv_weight_strategy="average", subtree_std_ds=False) and the
+  function's default "group_size", which ends in verl/utils/torch_functional.py `masked_whiten` (unbiased
+  `masked_var`) over the whole batch.
+
+The repository ships no upstream code. Always: trace-rl's `tree_grpo` against tree_grpo_upstream.json (what
+upstream's `compute_advantage(data, "tree")` returned for each leaf of 60 random trees) and `treepo` against
+treepo_upstream.json (upstream's function on 48 random batches, both weightings, trees with and without tokens:
+the values it whitens, read as they enter `masked_whiten`, and the whitened ones); each file says which upstream
+files, torch and numpy made it. A check that an earlier or perturbed estimator does not match the tables, and
+hand-worked cases. With the four TRACE_RL_TREE_GRPO*/TRACE_RL_TREEPO* variables naming upstream's files
+(docs/baselines.md): the same comparisons on fresh random trees, and a check that the recorded tables are what
+those files compute here. `python tests/core/test_baselines.py`, with the variables set and PYTHONPATH=src:tests,
+rewrites the tables.
+
+Upstream's files are loaded unmodified, with what they import beyond torch and numpy provided while they load
+(tests/helpers_tree_upstream.py says what). Inputs are float64 tensors; upstream computes two steps in float32 all
+the same (TOL below), so trace-rl matches its whitened TreePO values and Tree-GRPO's lone groups to 1e-7, and the
+TreePO values before whitening to 1e-9.
 """
 
-from collections import defaultdict
+import sys
+from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers_tree_upstream import (
+    TREE_GRPO,
+    TREE_GRPO_TRAINER,
+    TREEPO,
+    TREEPO_WHITEN,
+    load_tree_grpo,
+    load_treepo,
+    tree_from_record,
+    tree_grpo_trees,
+    tree_record,
+    treepo_batches,
+    upstream_tree_grpo,
+    upstream_treepo,
+)
+from helpers_upstream import load_fixture, provenance, upstream_code, upstream_or_skip, write_fixture
 
-from trace_rl.advantages import batch_advantages, compute_advantages, trace, tree_grpo, treepo
-from trace_rl.tree import BARE, BRANCH, RolloutTree
+from trace_rl.advantages import batch_advantages, compute_advantages, trace, tree_grpo, treepo, treepo_batch
+from trace_rl.tree import BRANCH, RolloutTree
 
 EPS = 1e-6
-
-
-# ---------------------------------------------------------------------------------------------------------
-# numpy ports of the upstream advantage code (rows = leaves, as upstream trains each leaf trajectory)
-
-
-def port_grpo_outcome(scores, index, epsilon=1e-6):
-    """Tree-GRPO's compute_grpo_outcome_advantage on per-row scalar scores."""
-    id2score = defaultdict(list)
-    for s, i in zip(scores, index):
-        id2score[i].append(s)
-    id2mean, id2std = {}, {}
-    for idx, vals in id2score.items():
-        if len(vals) == 1:
-            id2mean[idx], id2std[idx] = 0.0, 1.0
-        else:
-            id2mean[idx], id2std[idx] = np.mean(vals), np.std(vals, ddof=1)
-    return np.array([(s - id2mean[i]) / (id2std[i] + epsilon) for s, i in zip(scores, index)])
-
-
-def port_tree_grpo(scores, uid, tree_uid):
-    """ray_trainer_ts.compute_advantage, adv_estimator == 'tree'."""
-    return port_grpo_outcome(scores, uid) + port_grpo_outcome(scores, tree_uid)
-
-
-def port_treepo(scores, index, adv_weight_strategy="average"):
-    """compute_tree_reinforce_plus_plus_baseline_outcome_advantage before its masked_whiten; index: '#' paths."""
-    bsz = len(scores)
-    adv_list = {i: [] for i in range(bsz)}
-    max_tree_depth = max(len(uid.split("#")) - 1 for uid in index)
-    for depth in range(max_tree_depth):
-        index_by_depth = ["#".join(uid.split("#")[: depth + 1]) for uid in index]
-        id2score = defaultdict(list)
-        for i in range(bsz):
-            id2score[index_by_depth[i]].append(scores[i])
-        id2mean = {k: (0.0 if len(v) == 1 else float(np.mean(v))) for k, v in id2score.items()}
-        for i in range(bsz):
-            size = len(id2score[index_by_depth[i]])
-            if (size > 1 and depth > 0) or depth == 0:
-                adv_list[i].append((scores[i] - id2mean[index_by_depth[i]], size))
-    out = np.zeros(bsz)
-    for i in range(bsz):
-        if adv_weight_strategy == "group_size":
-            total = sum(g for _, g in adv_list[i])
-            out[i] = sum(s * g / total for s, g in adv_list[i])
-        else:
-            out[i] = np.mean([s for s, _ in adv_list[i]])
-    return out
-
-
-def port_masked_whiten(scores, lengths):
-    """verl masked_whiten of scores tiled over each row's response tokens (lengths), as TreePO applies it."""
-    width = max(max(lengths), 1)
-    mask = (np.arange(width)[None, :] < np.asarray(lengths)[:, None]).astype(float)
-    values = np.asarray(scores)[:, None] * np.ones(width)[None, :] * mask
-    mean = (values * mask).sum() / (mask.sum() + 1e-8)
-    var = ((values - mean) ** 2 * mask).sum() / (mask.sum() + 1e-8) * mask.sum() / (mask.sum() - 1)
-    whitened = (values - mean) / np.sqrt(var + 1e-8) * mask
-    # every token of a row carries the same value; read it off the first token (rows of 0 tokens: recompute)
-    return np.array([(s - mean) / np.sqrt(var + 1e-8) for s in scores]), whitened
-
-
-# ---------------------------------------------------------------------------------------------------------
-# random trees: bare rollouts of random length, continuations from random anchors (also on continuations)
-
-
-def _chain(rng, tree, parent, origin, length, tokens):
-    for i in range(length):
-        last = i == length - 1
-        reward = float(rng.choice([0.0, 1.0])) if rng.random() < 0.8 else float(np.round(rng.random(), 2))
-        mask = [1] * int(rng.integers(0, 4)) + [0] * int(rng.integers(0, 2)) if tokens else []
-        node = tree.add_turn(parent, origin=origin, terminal=last, reward=reward if last else None, loss_mask=mask)
-        parent = node.node_id
-
-
-def random_tree(rng, root_id, tokens=False):
-    tree = RolloutTree(root_id)
-    for _ in range(int(rng.integers(1, 5))):
-        _chain(rng, tree, tree.root_id, BARE, int(rng.integers(1, 5)), tokens)
-    for _ in range(int(rng.integers(0, 7))):
-        anchors = [n for n in tree.turns() if not n.terminal]
-        if not anchors:
-            break
-        _chain(rng, tree, anchors[int(rng.integers(len(anchors)))].node_id, BRANCH, int(rng.integers(1, 4)), tokens)
-    return tree
-
-
-def rows(trees):
-    """Upstream's view: one row per leaf with its reward, prompt uid, tree uid, '#' path and token count."""
-    out = []
-    for tree in trees:
-        for leaf in tree.leaves():
-            path = tree.path(leaf.node_id)
-            out.append(
-                {
-                    "tree": tree,
-                    "id": leaf.node_id,
-                    "r": float(leaf.reward),
-                    "uid": tree.root_id,
-                    "tree_uid": ".".join(leaf.node_id.split(".")[:2]),
-                    "path": "#".join(n.node_id for n in path),
-                    "tokens": sum(sum(n.loss_mask) for n in path[1:]),
-                }
-            )
-    return out
+# Upstream computes in float32 even on float64 input: a lone group's `torch.tensor(1.0) + 1e-6` (1 + 9.54e-7), and
+# masked_whiten's token count and Bessel factor (`mask.sum() + 1e-8`, `mask_sum / (mask_sum - 1)` on an integer
+# mask). trace-rl's float64 values differ by up to 9e-8 there; relative to max(1, |value|).
+TOL = 1e-7
+TREE_GRPO_TABLE = Path(__file__).with_name("tree_grpo_upstream.json")
+TREEPO_TABLE = Path(__file__).with_name("treepo_upstream.json")
+WEIGHTINGS = ("average", "group_size")
 
 
 def approx(d):
@@ -135,7 +70,99 @@ def approx(d):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Tree-GRPO
+# against upstream's recorded outputs (no upstream code needed)
+
+
+@cache
+def recorded(path: Path) -> dict:
+    return load_fixture(path)
+
+
+def tree_grpo_misses(estimator) -> tuple[int, int]:
+    """(leaves where `estimator` departs from upstream's recorded advantage by more than TOL, leaves)."""
+    misses = total = 0
+    for case in recorded(TREE_GRPO_TABLE)["compute_advantage_tree"]:
+        got = estimator(tree_from_record(case["tree"]))
+        misses += sum(abs(got[leaf] - want) > TOL * max(1.0, abs(want)) for leaf, want in case["advantage"].items())
+        total += len(case["advantage"])
+    return misses, total
+
+
+def test_tree_grpo_is_upstreams_on_recorded_random_trees():
+    misses, leaves = tree_grpo_misses(tree_grpo)
+    assert leaves > 250 and misses == 0
+    cases = recorded(TREE_GRPO_TABLE)["compute_advantage_tree"]
+    assert len(cases) == 60
+    branched = sum(any(t[1] == BRANCH for t in c["tree"]["turns"]) for c in cases)
+    assert 10 < branched < 60  # the table holds branched trees and lone unbranched rollouts
+
+
+def test_the_tree_grpo_table_tells_other_estimators_apart():
+    """The earlier nested-group estimator (docs/baselines.md: it agreed on 11 of 325 leaves) and Tree-GRPO
+    without the std scaling would not pass: the comparison can fail."""
+    for estimator in (lambda t: compute_advantages("tree_grpo_nested", t), lambda t: tree_grpo(t, scale="none")):
+        misses, leaves = tree_grpo_misses(estimator)
+        assert misses > leaves // 2
+
+
+def treepo_cases(weighting=None):
+    cases = recorded(TREEPO_TABLE)["compute_tree_reinforce_plus_plus_baseline_outcome_advantage"]
+    return [c for c in cases if weighting in (None, c["weighting"])]
+
+
+def treepo_misses(case, weighting=None, whiten=True) -> tuple[int, int]:
+    """(leaves where trace-rl departs from upstream's values, leaves compared): the per-tree values before
+    whitening (to 1e-9), and the batch's whitened ones where upstream has a token to hold one (to TOL)."""
+    trees = [tree_from_record(t) for t in case["trees"]]
+    weighting = weighting or case["weighting"]
+    per_tree = {}
+    for tree in trees:
+        per_tree.update(compute_advantages("treepo", tree, weighting=weighting))
+    pairs = [(per_tree[leaf], want, 1e-9) for leaf, want in case["raw"].items()]
+    if case["whitened"] is not None:
+        batch = {k: v for adv in treepo_batch(trees, weighting=weighting, whiten=whiten) for k, v in adv.items()}
+        pairs += [(batch[leaf], want, TOL) for leaf, want in case["whitened"].items() if want is not None]
+    return sum(abs(got - want) > tol * max(1.0, abs(want)) for got, want, tol in pairs), len(pairs)
+
+
+@pytest.mark.parametrize("weighting", WEIGHTINGS)
+def test_treepo_is_upstreams_on_recorded_random_batches(weighting):
+    cases = treepo_cases(weighting)
+    assert len(cases) == 24
+    compared = 0
+    for case in cases:
+        misses, n = treepo_misses(case)
+        assert misses == 0, case
+        compared += n
+    assert compared > 300
+    # some leaves have no policy token: upstream masks their row to 0, so no whitened value is recorded
+    assert any(v is None for c in cases if c["whitened"] for v in c["whitened"].values())
+
+
+def test_the_treepo_table_tells_other_estimators_apart():
+    """The other weighting, and the batch left unwhitened, would not pass: the comparison can fail."""
+    swapped = {"average": "group_size", "group_size": "average"}
+    assert sum(treepo_misses(c, weighting=swapped[c["weighting"]])[0] for c in treepo_cases()) > 20
+    assert all(treepo_misses(c, whiten=False)[0] > 0 for c in treepo_cases() if c["whitened"])
+
+
+def test_the_treepo_table_sees_the_variance_without_bessels_correction(monkeypatch):
+    """A whitening with the population variance (masked_var(unbiased=False)) moves values by a factor
+    sqrt((N - 1) / N), N the batch's tokens: within TOL it would still fail on most batches."""
+    import trace_rl.advantages as advantages
+
+    def population(values, weights):
+        total = float(weights.sum())
+        centred = values - float(np.dot(values, weights)) / (total + 1e-8)
+        return centred / np.sqrt(float(np.dot(centred**2, weights)) / (total + 1e-8) + 1e-8)
+
+    monkeypatch.setattr(advantages, "masked_whiten", population)
+    cases = [c for c in treepo_cases() if c["whitened"]]
+    assert sum(treepo_misses(c)[0] > 0 for c in cases) > len(cases) // 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tree-GRPO by hand
 
 
 def test_tree_grpo_by_hand(small_tree):
@@ -166,18 +193,8 @@ def test_tree_grpo_lone_rollouts_get_their_reward_added():
         assert adv[leaf.node_id] == pytest.approx((leaf.reward - 0.5) / std + leaf.reward / (1 + EPS))
 
 
-def test_tree_grpo_matches_upstream_port_on_random_trees():
-    rng = np.random.default_rng(11)
-    for t in range(60):
-        tree = random_tree(rng, str(t))
-        rs = rows([tree])
-        want = port_tree_grpo([r["r"] for r in rs], [r["uid"] for r in rs], [r["tree_uid"] for r in rs])
-        got = tree_grpo(tree)
-        assert [got[r["id"]] for r in rs] == pytest.approx(want.tolist(), abs=1e-9)
-
-
 # ---------------------------------------------------------------------------------------------------------
-# TreePO
+# TreePO by hand
 
 
 def test_treepo_by_hand(small_tree):
@@ -229,27 +246,6 @@ def test_treepo_batch_whitening_by_hand(small_tree):
     assert compute_advantages("treepo", tree)["0.1.0"] == pytest.approx(-7 / 12)
 
 
-@pytest.mark.parametrize("weighting", ["average", "group_size"])
-@pytest.mark.parametrize("tokens", [False, True])
-def test_treepo_matches_upstream_port_on_random_batches(weighting, tokens):
-    rng = np.random.default_rng(5 if tokens else 6)
-    for _ in range(12):
-        trees = [random_tree(rng, str(t), tokens=tokens) for t in range(int(rng.integers(1, 6)))]
-        rs = rows(trees)
-        raw = port_treepo([r["r"] for r in rs], [r["path"] for r in rs], weighting)
-        lengths = [r["tokens"] if tokens else r["path"].count("#") for r in rs]
-        if sum(lengths) <= 1:
-            continue  # upstream raises on a batch of one token
-        white, tiled = port_masked_whiten(raw, lengths)
-        for _r, w, row, n in zip(rs, white, tiled, lengths):
-            if n:
-                assert row[:n] == pytest.approx(np.full(n, w))  # the port's token view agrees with its row view
-        per_tree = {id(t): compute_advantages("treepo", t, weighting=weighting) for t in trees}
-        assert [per_tree[id(r["tree"])][r["id"]] for r in rs] == pytest.approx(raw.tolist(), abs=1e-9)
-        batch = dict(zip(map(id, trees), batch_advantages("treepo", trees, weighting=weighting)))
-        assert [batch[id(r["tree"])][r["id"]] for r in rs] == pytest.approx(white.tolist(), rel=1e-9, abs=1e-9)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # targets follow the tree as it grows
 
@@ -291,3 +287,105 @@ def test_grown_tree_values_by_hand():
     assert treepo(early)["0.1.1"] == pytest.approx(7 / 12)
     adv = trace(early, scale="none")
     assert adv["0.1.1"] == pytest.approx((1 - 1 / 2) + (1 - (0 + 1) / 2))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# upstream's own files, when the TRACE_RL_TREE_GRPO* / TRACE_RL_TREEPO* variables name them
+
+
+def upstream_or_skip_with_torch(var, provide=None):
+    pytest.importorskip("torch")  # upstream's files are torch code; torch comes with the `lm` extra
+    return upstream_or_skip(var, provide)
+
+
+@pytest.fixture(scope="module")
+def upstream_trainer():
+    return load_tree_grpo(upstream_or_skip_with_torch)
+
+
+@pytest.fixture(scope="module")
+def upstream_treepo_core():
+    return load_treepo(upstream_or_skip_with_torch)
+
+
+def test_the_recorded_tree_grpo_table_is_what_upstream_computes(upstream_trainer):
+    for case in recorded(TREE_GRPO_TABLE)["compute_advantage_tree"]:
+        fresh = upstream_tree_grpo(upstream_trainer, tree_from_record(case["tree"]))
+        assert fresh == pytest.approx(case["advantage"], abs=1e-12)
+
+
+def test_tree_grpo_is_upstreams_on_fresh_random_trees(upstream_trainer):
+    for tree in tree_grpo_trees(100, seed=12):
+        want, got = upstream_tree_grpo(upstream_trainer, tree), tree_grpo(tree)
+        assert {leaf: got[leaf] for leaf in want} == pytest.approx(want, rel=TOL, abs=TOL)
+
+
+def test_the_recorded_treepo_table_is_what_upstream_computes(upstream_treepo_core):
+    for case in treepo_cases():
+        fresh = upstream_treepo(upstream_treepo_core, [tree_from_record(t) for t in case["trees"]], case["weighting"])
+        assert fresh["raised"] == case["raised"] and fresh["raw"] == pytest.approx(case["raw"], abs=1e-12)
+        for leaf, want in (case["whitened"] or {}).items():
+            got = fresh["whitened"][leaf]
+            assert got is None if want is None else got == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("weighting", WEIGHTINGS)
+def test_treepo_is_upstreams_on_fresh_random_batches(upstream_treepo_core, weighting):
+    for tokens, seed in ((False, 7), (True, 8)):
+        for trees in treepo_batches(20, seed, tokens):
+            misses, compared = treepo_misses(upstream_treepo(upstream_treepo_core, trees, weighting))
+            assert misses == 0 and compared > 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the recorded tables: `python tests/core/test_baselines.py` with the variables set
+
+
+def main() -> None:
+    import os
+
+    import numpy
+    import torch
+
+    versions = f"torch {torch.__version__}, numpy {numpy.__version__}"
+    script, written = "tests/core/test_baselines.py", 0
+    trainer = load_tree_grpo(upstream_code.load)
+    if trainer is not None:
+        cases = [{"tree": tree_record(t), "advantage": upstream_tree_grpo(trainer, t)} for t in tree_grpo_trees(60, 11)]
+        what = (
+            'ray_trainer_ts.compute_advantage(data, "tree") (core_algos.compute_grpo_outcome_advantage over uid and '
+            "over tree_uid): one float64 row per leaf, its reward on one response token, uid the tree's root, "
+            "tree_uid the leaf's depth-1 ancestor; the advantage of each leaf"
+        )
+        prov = provenance((TREE_GRPO, TREE_GRPO_TRAINER), script, versions, what)
+        write_fixture(TREE_GRPO_TABLE, prov, {"compute_advantage_tree": cases})
+        print(f"wrote {TREE_GRPO_TABLE}")
+        written += 1
+    core = load_treepo(upstream_code.load)
+    if core is not None:
+        cases = [
+            upstream_treepo(core, trees, weighting)
+            for weighting in WEIGHTINGS
+            for tokens, seed in ((False, 6), (True, 5))
+            for trees in treepo_batches(12, seed, tokens)
+        ]
+        what = (
+            "compute_tree_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index, "
+            "remove_no_std_subgroup=False, adv_weight_strategy=weighting) on one float64 row per leaf, index its "
+            "'#'-joined path; raw: what it passes to masked_whiten (every row 2 tokens); whitened: its output with "
+            "each row the leaf's policy tokens (1 per turn in a tree without tokens), reward on the last, null for "
+            "a row of no token; raised: its error where it raises"
+        )
+        prov = provenance((TREEPO, TREEPO_WHITEN), script, versions, what)
+        write_fixture(TREEPO_TABLE, prov, {"compute_tree_reinforce_plus_plus_baseline_outcome_advantage": cases})
+        print(f"wrote {TREEPO_TABLE}")
+        written += 1
+    for var in (TREE_GRPO, TREE_GRPO_TRAINER, TREEPO, TREEPO_WHITEN):
+        if not os.environ.get(var, "").strip():
+            print(upstream_code.unset_line(var))
+    if not written:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
