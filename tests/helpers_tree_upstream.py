@@ -1,12 +1,13 @@
 """Random rollout trees for the Tree-GRPO and TreePO checks (tests/core/test_baselines.py), the rows upstream's
 code sees for them, the trees as the recorded tables hold them, and upstream's own functions run on them.
 
-Upstream's files are loaded unmodified (bench/upstream_code.py): what they import beyond torch and numpy is
-provided while they load: each method's other file in place of its package's module (Tree-GRPO's trainer imports
-`verl.trainer.ppo.core_algos`, TreePO's core_algos `verl.utils.torch_functional`), and stand-ins that refuse to be
-called for the training stack the checks never reach (verl's workers and protocol, codetiming, omegaconf,
-search_r1; tensordict and transformers for torch_functional.py). Stand-ins are used even where the real package
-is installed, so what runs does not depend on the environment. Inputs are float64 tensors (upstream trains in
+Upstream's files are loaded unmodified (bench/upstream_code.py), in trace-rl's environment with torch (the `lm`
+extra). What they import that trace-rl's dependencies do not include is provided while they load: each method's
+other file in place of its package's module (Tree-GRPO's trainer imports `verl.trainer.ppo.core_algos`, TreePO's
+core_algos `verl.utils.torch_functional`), and stand-ins that refuse to be called for the modules of the training
+stack the checks never reach (verl's protocol, workers and sequence balancing, codetiming, search_r1's agents,
+tensordict). verl's modules are always the provided ones, even where verl is installed: an installed verl is
+another version than the one each upstream repository vendors. Inputs are float64 tensors (upstream trains in
 float32); upstream still computes two steps in float32 (see test_baselines.TOL)."""
 
 from types import ModuleType, SimpleNamespace
@@ -95,7 +96,6 @@ def tree_grpo_provides(stub, core_algos: ModuleType) -> dict[str, ModuleType]:
     """What ray_trainer_ts.py imports: its own core_algos.py, and stand-ins for the training stack."""
     return {
         "codetiming": stub("codetiming", "Timer"),
-        "omegaconf": stub("omegaconf", "OmegaConf", "open_dict"),
         "verl": stub("verl", "DataProto"),
         "verl.protocol": stub("verl.protocol", "pad_dataproto_to_divisor", "unpad_dataproto"),
         "verl.single_controller.base": stub("verl.single_controller.base", "Worker"),
@@ -129,11 +129,9 @@ def load_tree_grpo(load) -> ModuleType | None:
 def load_treepo(load) -> ModuleType | None:
     """Upstream's core_algos module, its `verl_F` upstream's torch_functional.py; None if a variable is unset."""
     stub = upstream_code.stub
-    imports = {
-        "tensordict": stub("tensordict", "TensorDict"),
-        "transformers": stub("transformers", "PreTrainedTokenizer"),
-    }
-    whiten = load(TREEPO_WHITEN, imports)  # torch_functional.py's top imports; masked_whiten needs torch alone
+    # torch_functional.py's top imports tensordict (not a trace-rl dependency) and transformers (the `lm` extra,
+    # installed with torch); masked_whiten needs torch alone
+    whiten = load(TREEPO_WHITEN, {"tensordict": stub("tensordict", "TensorDict")})
     return whiten and load(TREEPO, {"verl.utils.torch_functional": whiten})
 
 
