@@ -128,3 +128,11 @@ def _restore(name: str, settings: Any) -> LMEnvConfig:
     """`LMEnvConfig.__reduce__`'s inverse."""
     cls = env_class(name)
     return cls(name=name) if settings is None else cls(name=name, **{resolve_env(name).name: settings})
+
+
+def upgrade_run_settings(settings: dict) -> dict:
+    """A run's stored settings (`compare`'s run file, a checkpoint's manifest) with its env group in today's shape
+    (`LMEnvConfig.upgrade`), so a run from before plug-ins still compares equal to the same run now."""
+    if isinstance(settings, dict) and isinstance(settings.get("env"), dict):
+        return {**settings, "env": LMEnvConfig.upgrade(settings["env"])}
+    return settings
