@@ -1,8 +1,10 @@
 """The environment registry: built-ins by name, a plug-in of one's own from `module:attr` or an entry point, one
 line for a name that is not there, and the helpers a plug-in uses."""
 
+import re
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +167,26 @@ def test_sample_rows_draws_a_seeded_reindexed_order_repeating_when_short():
     assert got == draw(7, seed=1) and got != draw(7, seed=2)
     with pytest.raises(ValueError, match="empty"):
         sample_rows(list)(1, 0)
+
+
+def test_the_example_on_the_docs_page_is_an_environment(tmp_path, monkeypatch):
+    """docs/environments.md's "Your own environment" example, run as written: tasks at its setting, a right answer
+    rewarded, a fork that leaves its parent alone."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page.split("## Your own environment", 1)[1], re.S).group(1)
+    (tmp_path / "my_envs_doc.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_RESOLVED", {})
+    try:
+        spec = get_env("my_envs_doc:parity", largest=9)
+        tasks = spec.train(20, 1)
+        assert tasks == spec.train(20, 1) and {int(t["question"].split()[1]) for t in tasks} <= set(range(10))
+        env = spec.make()
+        assert env.reset(tasks[0]) == tasks[0]["question"]
+        fork = env.fork()
+        assert fork.step(f"Action: answer[{tasks[0]['answer']}]")[1:3] == (1.0, True)
+        assert not env.done  # the fork's answer ended the fork, not its parent
+        assert env.step("Action: answer[neither]")[1:3] == (0.0, True)
+        assert len(spec.benchmarks["parity"](None)) == 200
+    finally:
+        sys.modules.pop("my_envs_doc", None)

@@ -140,6 +140,10 @@ def test_a_plugin_of_ones_own_gets_its_group_and_pickles(tmp_path, monkeypatch):
             class Settings:
                 size: int = 3  # how many
 
+                def __post_init__(self):
+                    if self.size < 1:
+                        raise ValueError(f"size must be >= 1, got {self.size}")
+
             @env_plugin("sized", Settings)
             def sized(settings):
                 return EnvSpec(object, {"b": lambda n: []}, lambda c, s: [{"index": 0, "n": settings.size}])
@@ -154,5 +158,7 @@ def test_a_plugin_of_ones_own_gets_its_group_and_pickles(tmp_path, monkeypatch):
         assert build_env(cfg.env).train(1, 0) == [{"index": 0, "n": 5}]
         assert pickle.loads(pickle.dumps(cfg)) == cfg
         assert "env.sized.size=3" in help_text(RunDemo, "demo", ["env=own_env_cfg:sized"])
+        with pytest.raises(ConfigError, match="^env.sized.size: size must be >= 1, got 0$"):
+            load_config(RunDemo, ["env.name=own_env_cfg:sized", "env.sized.size=0"])
     finally:
         sys.modules.pop("own_env_cfg", None)
