@@ -340,14 +340,21 @@ def _structured(cls, choices: dict[str, str]):
     return cfg
 
 
-def _upgraded(cls, loaded):
+def _upgraded(cls, loaded, choices: dict[str, str]):
     """A --config file with each choice group in today's shape (`upgrade`: an env group written before each env
-    had its own group, as an old run's config.yaml holds it)."""
+    had its own group, as an old run's config.yaml holds it), and without the group of a choice the command line
+    changed (`--config RUN/config.yaml env=math` on a calculator run: the calculator's settings do not apply)."""
     from omegaconf import OmegaConf
 
     for path, typ in _choice_groups(cls).items():
         node = OmegaConf.select(loaded, path, default=None)
-        if node is not None and hasattr(typ, "upgrade"):
+        if node is None:
+            continue
+        if path in choices and OmegaConf.select(node, typ.CHOICE, default=None) not in (None, choices[path]):
+            parent, _, last = path.rpartition(".")
+            (OmegaConf.select(loaded, parent) if parent else loaded).pop(last)
+            continue
+        if hasattr(typ, "upgrade"):
             values = OmegaConf.to_container(node)
             new = typ.upgrade(values)
             if new != values:
@@ -370,7 +377,7 @@ def load_config(cls, argv: list[str]):
             for key in _set_per_run(cls):
                 if OmegaConf.select(loaded, key, default=None) is not None:
                     raise ConfigError(f"{key}: not a setting here; {_set_per_run(cls)[key]} (in {config_file})")
-            cfg = OmegaConf.merge(cfg, _upgraded(cls, loaded))
+            cfg = OmegaConf.merge(cfg, _upgraded(cls, loaded, choices))
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
         _check_seeds(OmegaConf.to_container(cfg))
         obj = OmegaConf.to_object(cfg)

@@ -103,6 +103,9 @@ def test_an_old_flat_config_file_loads_into_the_envs_group(tmp_path):
     assert load_config(RunDemo, ["--config", str(tmp_path / "new.yaml")])[0] == cfg  # today's file reads back
     (tmp_path / "math.yaml").write_text("env:\n  name: math\n  chain_steps: [1]\n  sandbox: weak\n")
     assert load_config(RunDemo, ["--config", str(tmp_path / "math.yaml")])[0].env.math.sandbox == "weak"
+    # another env chosen over a file's: the file's env settings do not apply, its other settings do
+    other, _ = load_config(RunDemo, ["--config", str(tmp_path / "new.yaml"), "env=math"])
+    assert other.seed == 1 and other.env.math.sandbox == "strict" and not hasattr(other.env, "calculator")
 
 
 def test_stored_settings_of_an_old_run_upgrade_to_what_the_same_run_gives_now():
