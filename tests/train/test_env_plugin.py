@@ -87,3 +87,27 @@ def test_two_steps_on_an_environment_defined_here(tmp_path, parity_module, capsy
     assert f"name: {name}\n  parity:\n    largest: 7\n" in (out / "config.yaml").read_text()
     assert main(["train", *args[:-3], "env.parity.size=3", f"out={tmp_path / 'x'}"]) == 2  # not one of its keys
     assert "env.parity.size: unknown setting" in capsys.readouterr().err
+
+
+def test_each_commands_default_env_draws_the_tasks_it_drew_before_plugins():
+    """train: the calculator's TRAIN_MIX; rollout, eval, sft's report (a bare group): RL_MIX, the tasks of
+    make_tasks' own default. Same seed, same tasks, so the default runs' records are unchanged."""
+    import dataclasses
+
+    from trace_rl.cli import EvalConfig
+    from trace_rl.envs.calculator import TRAIN_MIX, make_tasks
+    from trace_rl.stack.build import build_env
+    from trace_rl.stack.config import LMEnvConfig
+    from trace_rl.train.rollout_compare import RolloutConfig
+    from trace_rl.train.trainer import TrainConfig
+
+    def default_env(cls):
+        return next(f for f in dataclasses.fields(cls) if f.name == "env").default_factory()
+
+    train = build_env(default_env(TrainConfig))
+    assert train.train(64, 5) == make_tasks(64, seed=5, **TRAIN_MIX)
+    assert train.held_out(32, 9) == make_tasks(32, seed=9, **TRAIN_MIX)
+    for env in (default_env(RolloutConfig), default_env(EvalConfig), LMEnvConfig()):
+        spec = build_env(env)
+        assert spec.train(64, 5) == make_tasks(64, seed=5) and spec.held_out(32, 9) == make_tasks(32, seed=9)
+        assert spec.benchmarks["calculator"](None) == make_tasks(256, seed=10_000)
