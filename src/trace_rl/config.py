@@ -9,6 +9,12 @@ the key (`ConfigError`); the dataclasses' own checks (`__post_init__`) name the 
 module adds the group it sits in. `help_text` lists every key with its default and its doc, read from the
 comment beside the field.
 
+A choice group is a group whose class depends on a value inside it: `env`, where `env.name` picks an environment
+plug-in whose own settings are the group `env.<name>.*` (`stack/env_config.py`). The loader reads the choice first
+(command line, then --config file), types the group as the choice's class, and only then checks keys, so --help,
+the key check, error messages and config.yaml show the chosen environment's keys and no other's. The cost is a
+second read of the --config file.
+
 Some checks are the loader's, for every command at once: each setting named `seed` or `seeds` is a seed
 (`seeding.check_seed`) before any config is built; an argument that is not valid UTF-8 is refused naming its
 key; a key a command sets itself for each of its runs (`SET_PER_RUN` on the config class, e.g. compare's
@@ -281,7 +287,7 @@ def _moved(cls, key: str) -> None:
     for path, typ in _choice_groups(cls).items():
         rest = key.removeprefix(path + ".")
         if rest != key and rest in getattr(typ, "MOVED", {}):
-            raise ConfigError(f"{key}: now {path}.{typ.MOVED[rest]} (each environment has its own group; see --help)")
+            raise ConfigError(f"{key}: now {path}.{typ.MOVED[rest]} (see --help)")
 
 
 def _is_list(typ) -> bool:
