@@ -122,9 +122,9 @@ def test_diagnose_after_simulate(tmp_path, capsys):
 
 def test_bad_task_mix_is_one_line_error(capsys):
     assert main(["rollout", "--chain-steps", "1,x", "--steps", "1"]) == 2
-    assert "env.chain_steps" in capsys.readouterr().err
-    assert main(["rollout", "env.digits=4", "steps=1"]) == 2
-    assert "env.digits" in capsys.readouterr().err
+    assert "env.calculator.chain_steps" in capsys.readouterr().err
+    assert main(["rollout", "env.calculator.digits=4", "steps=1"]) == 2
+    assert "env.calculator.digits" in capsys.readouterr().err
     assert main(["rollout", "predictor.prefix_share=1", "steps=1"]) == 2
     assert "predictor.prefix_share" in capsys.readouterr().err
     assert main(["rollout", "env.name=chess", "steps=1"]) == 2

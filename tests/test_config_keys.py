@@ -8,27 +8,26 @@ if any of them is read; the check is there to catch a key nobody reads at all, a
 
 import ast
 import dataclasses
-import typing
 from pathlib import Path
 
 import pytest
 
 from trace_rl.cli import _config_classes, _load_class
-from trace_rl.config import _docs, _fields, _leaves
+from trace_rl.config import _docs, _leaves, _nested
+from trace_rl.envs.registry import BUILTINS, resolve_env
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trace_rl"
 
 
-def _declared(cls, prefix: str = "") -> dict[str, tuple[type, str]]:
-    """Dotted key -> (the dataclass that declares the field, the field name), for every leaf of `cls`."""
+def _declared(cls, prefix: str = "", group=None) -> dict[str, tuple[type, str]]:
+    """Dotted key -> (the dataclass that declares the field, the field name), for every leaf of `cls` (a choice
+    group, env, in the class of the command's default choice)."""
     out = {}
-    hints = typing.get_type_hints(cls)
-    for f in _fields(cls):
-        typ = hints[f.name]
+    for name, (typ, value) in _nested(cls, group, prefix).items():
         if dataclasses.is_dataclass(typ):
-            out.update(_declared(typ, f"{prefix}{f.name}."))
+            out.update(_declared(typ, f"{prefix}{name}.", value))
         else:
-            out[f"{prefix}{f.name}"] = (cls, f.name)
+            out[f"{prefix}{name}"] = (cls, name)
     return out
 
 
@@ -87,6 +86,14 @@ def test_every_listed_key_has_a_doc_and_is_read(command, reads):
     assert not dead, f"{command}: keys that no code reads"
 
 
+@pytest.mark.parametrize("env", [name for name in BUILTINS if resolve_env(name).settings is not None])
+def test_every_built_in_envs_keys_have_a_doc_and_are_read(env, reads):
+    """The keys of each env's own group (`env.<name>.*`), which --help lists once that env is chosen."""
+    settings = resolve_env(env).settings
+    assert not undocumented_keys(settings), f"env {env}: keys without a doc comment"
+    assert not dead_keys(settings, reads), f"env {env}: keys that no code reads"
+
+
 def test_the_check_finds_a_dead_key(tmp_path):
     source = tmp_path / "m.py"
     source.write_text(
@@ -141,4 +148,4 @@ def test_help_shows_the_commands_own_default_of_a_group_it_overrides():
     assert f"budget.prompts={TrainConfig().budget.prompts} " in train
     assert f"budget.prompts={RolloutConfig().budget.prompts} " in rollout
     assert TrainConfig().budget.prompts != RolloutConfig().budget.prompts  # else this test shows nothing
-    assert "env.digits=2 " in train and "env.digits=1,2,3 " in rollout
+    assert "env.calculator.preset='train' " in train and "env.calculator.preset='rl' " in rollout

@@ -61,19 +61,21 @@ HOLDS = {
     "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",
     "predictors": "V~: protocol and training examples, reward history, logistic, text features, LM critic, VIP's "
     "Gaussian process and its prompt embeddings, diagnostics, calibration",
-    "envs": "env protocol and ReAct action format; calculator, math + sandbox, QA + retrieval server, BFCL; "
-    "task loaders and registry",
+    "envs": "env protocol and ReAct action format; the plug-in registry (`EnvPlugin`: name, settings, spec builder; "
+    "built-ins, entry points, `module:attr`); calculator and its task presets, math + sandbox, QA + retrieval "
+    "server, BFCL; task loaders",
     "agent": "ReAct turns over token histories",
     "rollout": "the one TRACE step (`engine`, `grow`: generic over an Actor), the Ray executor, the LM actor "
     "(also plays evaluation episodes), the metrics schema, pass@k evaluation",
-    "stack": "the settings groups every LM command shares (policy, predictor, env, engine; torch-free) and the one "
-    "builder of the LM stack: env, policy backend (hf, vllm or server), predictor, actor, engine",
+    "stack": "the settings groups every LM command shares (policy, predictor, engine; env: `env.name` and the "
+    "chosen plug-in's own group `env.<name>.*`; torch-free) and the one builder of the LM stack: env spec, "
+    "policy backend (hf, vllm or server), predictor, actor, engine",
     "testbed": "synthetic env with exact V, tabular policy and its Actor, oracle, `simulate`, propositions",
     "train": "the policy update (losses, tree packing), the trainer, checkpoints, loggers, `sft`, `compare`, "
     "`rollout` (the stack without the update)",
     "integrations": "rows for verl and TRL; the verl plugin, the TRL rollout_func",
     "viewer": "HTML tree view",
-    "config": "typed configs from YAML and key=value overrides",
+    "config": "typed configs from YAML and key=value overrides; choice groups (env) typed by the choice made",
     "diagnose": "`diagnose`: the predictor's calibration from a run",
     "cli": "the `trace-rl` command; imports each layer only for the command that needs it",
 }

@@ -54,9 +54,9 @@ def garbage(tmp_path):
 
 
 CASES = [
-    (["train", "env=qa", "env.retriever_url=notaurl"], "env.retriever_url"),
-    (["train", "env=qa", "env.retriever_url=http://127.0.0.1:{closed}/retrieve"], "env.retriever_url"),
-    (["eval", "env=qa", "env.retriever_url=http://127.0.0.1:{closed}/retrieve"], "env.retriever_url"),
+    (["train", "env=qa", "env.qa.retriever_url=notaurl"], "env.qa.retriever_url"),
+    (["train", "env=qa", "env.qa.retriever_url=http://127.0.0.1:{closed}/retrieve"], "env.qa.retriever_url"),
+    (["eval", "env=qa", "env.qa.retriever_url=http://127.0.0.1:{closed}/retrieve"], "env.qa.retriever_url"),
     (["train", "predictor.warmup={garbage}"], "predictor.warmup"),
     (["train", "seed=-1"], "seed"),
     (["train", "logger="], "logger"),
@@ -69,9 +69,11 @@ CASES = [
     (["rollout", "policy.server_url=http://127.0.0.1:1"], "policy.server_url"),
     (["eval", "policy.backend=server"], "policy.server_url"),
     (["eval", "policy.backend=server", "policy.server_url=http://127.0.0.1:{closed}"], "policy.server_url"),
-    (["eval", "env.sandbox=loose"], "env.sandbox"),
-    (["eval", "env=qa", "env.corpus={ints}", "policy.model=random-tiny"], "env.corpus"),
-    (["eval", "env=qa", "env.corpus={tmp}/none.json"], "env.corpus"),
+    (["eval", "env=math", "env.math.sandbox=loose"], "env.math.sandbox"),
+    (["eval", "env.sandbox=weak"], "env.sandbox: now env.math.sandbox"),  # a key from before each env's group
+    (["eval", "env=qa", "env.qa.corpus={ints}", "policy.model=random-tiny"], "env.qa.corpus"),
+    (["eval", "env=qa", "env.qa.corpus={tmp}/none.json"], "env.qa.corpus"),
+    (["eval", "env=chess"], "env.name: unknown env 'chess'; registered: calculator, math, qa, bfcl"),
     (["sft", "policy.backend=server", "policy.server_url=http://127.0.0.1:{closed}"], "policy.server_url"),
     (["eval", "model=tiny"], "model"),  # one spelling: eval's model is policy.model, as everywhere
     (["eval", "policy.device=tpu"], "policy.device"),
@@ -148,15 +150,15 @@ def test_env_sandbox_reaches_the_math_env_and_a_missing_strict_sandbox_names_it(
     pytest.importorskip("math_verify")
     from trace_rl.envs import sandbox
     from trace_rl.stack.build import build_env
-    from trace_rl.stack.config import LMEnvConfig
+    from trace_rl.stack.config import env_config
 
     with pytest.warns(RuntimeWarning):
         sandbox._warned_weak = False
-        spec = build_env(LMEnvConfig(name="math", sandbox="weak"))
+        spec = build_env(env_config("math", sandbox="weak"))
     assert spec.make().sandbox == "weak"
     monkeypatch.setattr(sandbox, "strict_unavailable", lambda: "no bubblewrap in this test")
-    with pytest.raises(ValueError, match=r"^env.sandbox: .*no bubblewrap in this test.*env.sandbox=weak"):
-        build_env(LMEnvConfig(name="math", sandbox="strict"))
+    with pytest.raises(ValueError, match=r"^env.math.sandbox: .*no bubblewrap in this test.*env.math.sandbox=weak"):
+        build_env(env_config("math", sandbox="strict"))
 
 
 def test_held_out_tasks_come_from_the_env_spec():
@@ -164,7 +166,7 @@ def test_held_out_tasks_come_from_the_env_spec():
     from trace_rl.envs.registry import get_env
 
     mix = {"steps": (2, 3), "digits": (1,)}
-    calc = get_env("calculator", calculator_mix=mix)
+    calc = get_env("calculator", chain_steps=[2, 3], digits=[1])
     assert calc.held_out(5, 7) == make_tasks(5, seed=7, **mix)  # a seeded draw of the configured mix
     assert calc.group(calc.held_out(1, 7)[0]).startswith("steps=")
     bfcl = get_env("bfcl")

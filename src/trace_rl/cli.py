@@ -13,7 +13,7 @@ import numpy as np
 
 from .config import check_count, help_text, load_config, write_config
 from .errors import ConfigError, UserError
-from .stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, check_seed
+from .stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, check_seed, env_config
 
 
 # -- small commands' settings (the big ones live beside their code) ------------------------------------------
@@ -62,7 +62,7 @@ class EvalConfig:
     seed: int = 0  # one seed reproduces the samples
     out: str = ""  # a directory for per-sample results (samples.jsonl) and the resolved config (default: none)
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
-    env: LMEnvConfig = field(default_factory=LMEnvConfig)
+    env: LMEnvConfig = field(default_factory=env_config)
 
     def __post_init__(self):
         if self.limit < 0:
@@ -472,7 +472,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace-rl {command}: error: needs a package that is not installed ({err})", file=sys.stderr)
         return 2
     if "-h" in rest or "--help" in rest:
-        print(help_text(cls, command))
+        try:  # the keys of the env chosen there (`env=math --help`)
+            print(help_text(cls, command, [a for a in rest if a not in ("-h", "--help")]))
+        except UserError as err:
+            print(f"trace-rl {command}: error: {' '.join(str(err).split())}", file=sys.stderr)
+            return 2
         return 0
     if positional:  # bare words that are not a flag's value
         bare = [

@@ -9,6 +9,12 @@ the key (`ConfigError`); the dataclasses' own checks (`__post_init__`) name the 
 module adds the group it sits in. `help_text` lists every key with its default and its doc, read from the
 comment beside the field.
 
+A choice group is a group whose class depends on a value inside it: `env`, where `env.name` picks an environment
+plug-in whose own settings are the group `env.<name>.*` (`stack/env_config.py`). The loader reads the choice first
+(command line, then --config file), types the group as the choice's class, and only then checks keys, so --help,
+the key check, error messages and config.yaml show the chosen environment's keys and no other's. The cost is a
+second read of the --config file.
+
 Some checks are the loader's, for every command at once: each setting named `seed` or `seeds` is a seed
 (`seeding.check_seed`) before any config is built; an argument that is not valid UTF-8 is refused naming its
 key; a key a command sets itself for each of its runs (`SET_PER_RUN` on the config class, e.g. compare's
@@ -56,20 +62,106 @@ def _fields(cls) -> list[dataclasses.Field]:
     return sorted((f for f in dataclasses.fields(cls) if f.init), key=lambda f: f.name not in own)
 
 
-def _nested(cls) -> dict[str, type]:
+def _is_choice(typ) -> bool:
+    """A group whose class depends on a choice made inside it (`env`: `env.name` picks the env, whose own settings
+    are the group `env.<name>.*`): a dataclass with `CHOICE` (the key that chooses) and `choose(value)` (the group
+    with that value chosen, at its defaults; a ValueError line for a value it does not know)."""
+    return dataclasses.is_dataclass(typ) and isinstance(typ, type) and hasattr(typ, "choose") and hasattr(typ, "CHOICE")
+
+
+def _default(f: dataclasses.Field, group):
+    """The command's default of field `f`: the value inside `group` (the enclosing group's default instance, whose
+    values a command may set: train's budget is not rollout's), else the field's own default."""
+    if group is not None:
+        return getattr(group, f.name)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _nested(cls, group=None, prefix: str = "", choices: dict[str, str] | None = None) -> dict[str, tuple[type, Any]]:
+    """Field name -> (its type, the command's default instance where the field is a group that needs one, else
+    None). A choice group's type is the class of the choice made (`choices`: dotted group -> value; unset: the
+    command's default), so the chosen env's keys are the keys."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in _fields(cls)}
-
-
-def _leaves(cls, prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> annotated type, for every setting of `cls`."""
     out = {}
-    for name, typ in _nested(cls).items():
+    for f in _fields(cls):
+        typ, value = hints[f.name], None
+        if _is_choice(typ) or (group is not None and dataclasses.is_dataclass(typ)):
+            value = _default(f, group)
+            wanted = (choices or {}).get(prefix + f.name)
+            if _is_choice(typ) and wanted is not None and getattr(value, typ.CHOICE, None) != wanted:
+                value = typ.choose(wanted)
+            if dataclasses.is_dataclass(value):
+                typ = type(value)
+        out[f.name] = (typ, value)
+    return out
+
+
+def _leaves(cls, choices: dict[str, str] | None = None, prefix: str = "", group=None) -> dict[str, Any]:
+    """Dotted key -> annotated type, for every setting of `cls` (with the choices made in choice groups)."""
+    out = {}
+    for name, (typ, value) in _nested(cls, group, prefix, choices).items():
         if dataclasses.is_dataclass(typ):
-            out.update(_leaves(typ, f"{prefix}{name}."))
+            out.update(_leaves(typ, choices, f"{prefix}{name}.", value))
         else:
             out[f"{prefix}{name}"] = typ
     return out
+
+
+def _choice_groups(cls, prefix: str = "") -> dict[str, type]:
+    """Dotted path -> class of every choice group in `cls` (compare's `train.env` as well as `env`)."""
+    out = {}
+    for f in _fields(cls):
+        typ = typing.get_type_hints(cls)[f.name]
+        if _is_choice(typ):
+            out[prefix + f.name] = typ
+        elif dataclasses.is_dataclass(typ):
+            out.update(_choice_groups(typ, f"{prefix}{f.name}."))
+    return out
+
+
+def _choices(cls, argv: list[str]) -> dict[str, str]:
+    """Dotted choice group -> the value chosen on the command line (`env=math`, `env.name=math`, `--env.name math`)
+    or, failing that, in its --config file; groups where neither chooses are left out (the default holds)."""
+    groups = _choice_groups(cls)
+    if not groups:
+        return {}
+    given: dict[str, str] = {}
+    loaded = None
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            loaded = _read_yaml(argv[i + 1])
+            continue
+        key, eq, value = arg.removeprefix("--").partition("=")
+        if not eq and arg.startswith("--") and i + 1 < len(argv):
+            value = argv[i + 1]
+        for path, typ in groups.items():
+            if key in (path, f"{path}.{typ.CHOICE}") and (eq or arg.startswith("--")):
+                given[path] = value
+    out = {}
+    for path, typ in groups.items():
+        if path in given:
+            out[path] = given[path]
+        elif loaded is not None:
+            from omegaconf import OmegaConf
+
+            chosen = OmegaConf.select(loaded, f"{path}.{typ.CHOICE}", default=None)
+            if chosen is not None:
+                out[path] = str(chosen)
+    return out
+
+
+def _chosen(cls, choices: dict[str, str]) -> None:
+    """Each choice made names something its group knows, or one ConfigError naming the key."""
+    groups = _choice_groups(cls)
+    for path, value in choices.items():
+        try:
+            groups[path].choose(value)
+        except ValueError as err:
+            raise ConfigError(f"{path}.{groups[path].CHOICE}: {err}") from None
 
 
 def _docs(cls) -> dict[str, str]:
@@ -86,24 +178,27 @@ def _docs(cls) -> dict[str, str]:
     return docs
 
 
-def help_text(cls, command: str) -> str:
-    """Every key with its default and doc, grouped as in the dataclass."""
+def help_text(cls, command: str, argv: list[str] | None = None) -> str:
+    """Every key with its default and doc, grouped as in the dataclass; a choice group (env) shows the keys of the
+    choice `argv` makes (`trace-rl train env=math --help`), else of the command's default."""
     lines = [f"usage: trace-rl {command} [--config FILE.yaml] [key=value ...]", "", (cls.__doc__ or "").strip(), ""]
 
     hidden = _set_per_run(cls)
+    choices = _choices(cls, list(argv or []))
+    _chosen(cls, choices)
 
     def walk(c, prefix: str, group=None) -> None:
         docs = _docs(c)
+        nested = _nested(c, group, prefix, choices)
         for f in _fields(c):
             if f"{prefix}{f.name}" in hidden:
                 continue
             # the field's own default, not an instance: a command whose defaults need a value (a run
             # directory to read) cannot be built empty, but its help must still list every key; inside a
             # group, the value the command's default gives it (train's budget is not rollout's)
-            if group is not None:
-                value = getattr(group, f.name)
-            else:
-                value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            typ, value = nested[f.name]
+            if value is None:
+                value = _default(f, group)
             if dataclasses.is_dataclass(value):
                 lines.append(f"  {prefix}{f.name}.*   {(type(value).__doc__ or '').strip().splitlines()[0]}")
                 walk(type(value), f"{prefix}{f.name}.", value)
@@ -115,9 +210,13 @@ def help_text(cls, command: str) -> str:
     return "\n".join(lines)
 
 
-def _overrides(cls, argv: list[str]) -> tuple[str | None, list[str]]:
-    """(--config file, dotted key=value overrides) from the command line, old flag spellings resolved."""
-    leaves = _leaves(cls)
+def _overrides(cls, argv: list[str], choices: dict[str, str] | None = None) -> tuple[str | None, list[str]]:
+    """(--config file, dotted key=value overrides) from the command line, old flag spellings resolved; keys are
+    those of the choices made (`choices`; None: read from `argv`)."""
+    if choices is None:
+        choices = _choices(cls, argv)
+        _chosen(cls, choices)
+    leaves = _leaves(cls, choices)
     by_last: dict[str, list[str]] = {}
     for key in leaves:
         by_last.setdefault(key.rsplit(".", 1)[-1], []).append(key)
@@ -174,11 +273,21 @@ def _overrides(cls, argv: list[str]) -> tuple[str | None, list[str]]:
         if key in _set_per_run(cls):
             raise ConfigError(f"{key}: not a setting here; {_set_per_run(cls)[key]}")
         if key not in leaves:
+            _moved(cls, key)
             raise ConfigError(f"{key}: unknown setting; settings are {', '.join(sorted(leaves))}")
         if _is_list(leaves[key]) and not value.strip().startswith("["):
             value = "[" + ",".join(v.strip() for v in value.split(",") if v.strip()) + "]"
         fixed.append(f"{key}={value}")
     return config_file, fixed
+
+
+def _moved(cls, key: str) -> None:
+    """One line naming the new place of a key a choice group has moved (`env.chain_steps`, before each env had
+    its own group, is `env.calculator.chain_steps`)."""
+    for path, typ in _choice_groups(cls).items():
+        rest = key.removeprefix(path + ".")
+        if rest != key and rest in getattr(typ, "MOVED", {}):
+            raise ConfigError(f"{key}: now {path}.{typ.MOVED[rest]} (see --help)")
 
 
 def _is_list(typ) -> bool:
@@ -189,10 +298,10 @@ def _is_list(typ) -> bool:
     return origin in (list, tuple)
 
 
-def _qualify(message: str, cls) -> str:
+def _qualify(message: str, cls, choices: dict[str, str] | None = None) -> str:
     """Prefix a dataclass check's message ("steps must be ...") with the group path of the key it names."""
     first = re.split(r"[\s:]", message.strip(), maxsplit=1)[0]
-    hits = [k for k in _leaves(cls) if k.rsplit(".", 1)[-1] == first]
+    hits = [k for k in _leaves(cls, choices) if k.rsplit(".", 1)[-1] == first]
     if len(hits) != 1 or hits[0] == first:
         return message
     if message.strip().startswith(first + ":"):  # "device: ..." -> "policy.device: ...", not the name twice
@@ -222,32 +331,71 @@ def _read_yaml(config_file: str):
     return loaded
 
 
+def _structured(cls, choices: dict[str, str]):
+    """The OmegaConf node of `cls`'s defaults, each choice group replaced by the group of the choice made."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.structured(cls)
+    groups = _choice_groups(cls)
+    for path, value in choices.items():
+        if OmegaConf.select(cfg, f"{path}.{groups[path].CHOICE}") != value:
+            parent, _, last = path.rpartition(".")
+            setattr(
+                OmegaConf.select(cfg, parent) if parent else cfg, last, OmegaConf.structured(groups[path].choose(value))
+            )
+    return cfg
+
+
+def _upgraded(cls, loaded, choices: dict[str, str]):
+    """A --config file with each choice group in today's shape (`upgrade`: an env group written before each env
+    had its own group, as an old run's config.yaml holds it), and without the group of a choice the command line
+    changed (`--config RUN/config.yaml env=math` on a calculator run: the calculator's settings do not apply)."""
+    from omegaconf import OmegaConf
+
+    for path, typ in _choice_groups(cls).items():
+        node = OmegaConf.select(loaded, path, default=None)
+        if node is None:
+            continue
+        if path in choices and OmegaConf.select(node, typ.CHOICE, default=None) not in (None, choices[path]):
+            parent, _, last = path.rpartition(".")
+            (OmegaConf.select(loaded, parent) if parent else loaded).pop(last)
+            continue
+        if hasattr(typ, "upgrade"):
+            values = OmegaConf.to_container(node)
+            new = typ.upgrade(values)
+            if new != values:
+                OmegaConf.update(loaded, path, new, merge=False)
+    return loaded
+
+
 def load_config(cls, argv: list[str]):
     """(the config object, its resolved YAML) from defaults, an optional file and overrides."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    config_file, dotlist = _overrides(cls, argv)
+    choices = _choices(cls, argv)
+    _chosen(cls, choices)
+    config_file, dotlist = _overrides(cls, argv, choices)
     try:
-        cfg = OmegaConf.structured(cls)
+        cfg = _structured(cls, choices)
         if config_file:
             loaded = _read_yaml(config_file)
             for key in _set_per_run(cls):
                 if OmegaConf.select(loaded, key, default=None) is not None:
                     raise ConfigError(f"{key}: not a setting here; {_set_per_run(cls)[key]} (in {config_file})")
-            cfg = OmegaConf.merge(cfg, loaded)
+            cfg = OmegaConf.merge(cfg, _upgraded(cls, loaded, choices))
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
         _check_seeds(OmegaConf.to_container(cfg))
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None) or _failing_key(cls, dotlist) or "config"
+        key = getattr(err, "full_key", None) or _failing_key(cls, dotlist, choices) or "config"
         msg = str(getattr(err, "msg", None) or err).strip().splitlines()[0]
         raise ConfigError(f"{key}: {msg}") from None
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:
-        raise ConfigError(_qualify(str(err), cls)) from None
-    return obj, OmegaConf.to_yaml(_in_order(OmegaConf.structured(obj), cls))
+        raise ConfigError(_qualify(str(err), cls, choices)) from None
+    return obj, OmegaConf.to_yaml(_in_order(OmegaConf.structured(obj), obj))
 
 
 def _check_seeds(node, prefix: str = "") -> None:
@@ -264,7 +412,7 @@ def _check_seeds(node, prefix: str = "") -> None:
                     raise ConfigError(str(err)) from None
 
 
-def _failing_key(cls, dotlist: list[str]) -> str | None:
+def _failing_key(cls, dotlist: list[str], choices: dict[str, str] | None = None) -> str | None:
     """The first override that fails on its own (OmegaConf names no key for some errors, e.g. a tuple of the
     wrong length)."""
     from omegaconf import OmegaConf
@@ -272,18 +420,20 @@ def _failing_key(cls, dotlist: list[str]) -> str | None:
 
     for item in dotlist:
         try:
-            OmegaConf.merge(OmegaConf.structured(cls), OmegaConf.from_dotlist([item]))
+            OmegaConf.merge(_structured(cls, choices or {}), OmegaConf.from_dotlist([item]))
         except OmegaConfBaseException:
             return item.partition("=")[0]
     return None
 
 
-def _in_order(node, cls) -> dict:
+def _in_order(node, obj) -> dict:
     """A resolved config as nested dicts in `_fields` order, so config.yaml reads like --help (OmegaConf writes
-    inherited settings first)."""
+    inherited settings first); groups in the class of the object's own value (a choice group's, the chosen)."""
     return {
-        name: _in_order(node[name], typ) if dataclasses.is_dataclass(typ) else node[name]
-        for name, typ in _nested(cls).items()
+        f.name: _in_order(node[f.name], getattr(obj, f.name))
+        if dataclasses.is_dataclass(getattr(obj, f.name))
+        else node[f.name]
+        for f in _fields(type(obj))
     }
 
 

@@ -291,6 +291,23 @@ def test_a_manifest_from_before_run_records_loads_with_one_line_and_its_step_is_
     assert resume_point(run, lines.append, RUN).step == 4 and "says step 2, not 6" in lines[0]
 
 
+def test_a_checkpoint_whose_env_settings_predate_plugins_is_this_runs(tmp_path, tiny):
+    """Checkpoints written when every env's keys sat flat in `env` (chain_steps, digits, corpus, ...) resume a run
+    with the same env settings in today's groups; another mix is still another run."""
+    import dataclasses
+
+    from trace_rl.stack.env_config import env_config
+
+    now = {**RUN["settings"], "env": dataclasses.asdict(env_config("calculator", preset="train"))}
+    flat = {"name": "calculator", "chain_steps": [3, 4, 5], "digits": [2], "corpus": "", "retriever_url": ""}
+    old = write_run(tmp_path / "old", tiny, steps=(4,), run=run_record(0, {**RUN["settings"], "env": {**flat}}))
+    lines = []
+    assert resume_point(old, lines.append, run_record(0, now)).step == 4 and lines == []
+    other = write_run(tmp_path / "other", tiny, steps=(4,), run=run_record(0, {**RUN["settings"], "env": {**flat}}))
+    with pytest.raises(UserError, match="settings differ in env.calculator"):
+        resume_point(other, None, run_record(0, {**now, "env": dataclasses.asdict(env_config("calculator"))}))
+
+
 def test_train_records_its_run_and_ignores_only_settings_a_resume_may_change(tmp_path):
     from trace_rl.config import load_config
     from trace_rl.train.trainer import TrainConfig, run_identity

@@ -282,3 +282,27 @@ def test_a_run_from_before_a_setting_existed_is_read_while_that_setting_is_at_it
     path.write_text(json.dumps(stored))
     with pytest.raises(ValueError, match=r"differs in steps"):
         cmp.run_compare(cfg)
+
+
+def test_a_run_whose_env_settings_predate_plugins_is_read_and_another_mix_refused(
+    tmp_path, monkeypatch, built_warm_starts
+):
+    """A study's runs from when every env's keys sat flat in `env` are read as the same runs today (their mix in
+    the calculator's group), so a study grows across the change; a run of another mix is still refused."""
+    from trace_rl.stack.env_config import env_config
+
+    calls = []
+    monkeypatch.setattr(cmp, "train", _fake_train(calls))
+    monkeypatch.setattr(cmp, "plot_compare", lambda runs, out: None)
+    cfg = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4))
+    cmp.run_compare(cfg)
+    path = tmp_path / "grpo" / "seed0" / "run_settings.json"
+    stored = json.loads(path.read_text())
+    assert stored["env"] == {"name": "calculator", "calculator": {"preset": "train", "chain_steps": [], "digits": []}}
+    flat = {"name": "calculator", "chain_steps": [3, 4, 5], "digits": [2], "corpus": "", "retriever_url": ""}
+    path.write_text(json.dumps({**stored, "env": {**flat, "sandbox": "strict"}}))  # as written before plug-ins
+    cmp.run_compare(cfg)
+    assert len(calls) == 1  # read, not rerun
+    wide = TrainConfig(steps=4, env=env_config("calculator", preset="rl"))
+    with pytest.raises(ValueError, match=r"other settings \(differs in env.calculator.preset\)"):
+        cmp.run_compare(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=wide))

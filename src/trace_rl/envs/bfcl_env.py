@@ -64,6 +64,7 @@ from pathlib import Path
 
 from .base import cap_observation, parse_action, tool_failure
 from .bounded import run_bounded
+from .registry import EnvPlugin, EnvSpec, sample_rows
 
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT; BFCLEnv() reads the installed value
 CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
@@ -448,3 +449,16 @@ def replay_ground_truth(task: dict, corrupt: bool = False) -> float:
         if done:
             break
     return reward
+
+
+def bfcl_spec() -> EnvSpec:
+    """BFCL has no training split: training draws from the base category, so evaluate on the others."""
+    return EnvSpec(
+        BFCLEnv,
+        {c: (lambda n, c=c: load_bfcl(c, n)) for c in CATEGORIES},
+        sample_rows(lambda: load_bfcl("multi_turn_base")),
+        max_new_tokens=256,
+    )
+
+
+BFCL = EnvPlugin("bfcl", bfcl_spec)

@@ -7,13 +7,23 @@ main thread only, and the engine's env workers are threads (an answer such as `1
 minutes). A check past its limits scores 0 and says so in info["answer_check"]. Code runs in `envs.sandbox`:
 `sandbox="strict"` (the default) in kernel namespaces, refused at construction where they are unavailable;
 `sandbox="weak"` is the in-process audit hook, chosen by name only.
+
+The plug-in `MATH` (the settings group `env.math.*`: where code runs) trains on the math training set and evaluates
+on the five usual benchmarks (`envs.data`); a strict sandbox that cannot run here stops the command when the spec
+is built, before any model loads.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
+from ..errors import ConfigError
 from .base import ToolEnv
 from .bounded import run_bounded
-from .sandbox import require, run_python
+from .data import load_tasks
+from .registry import EnvPlugin, EnvSpec, sample_rows
+from .sandbox import SandboxUnavailable, check_mode, require, run_python
 
 TOOLS = ("python", "answer")
 SYSTEM = (
@@ -96,3 +106,32 @@ class MathEnv(ToolEnv):
         code = parsed.argument.strip().removeprefix("```python").removeprefix("```").removesuffix("```")
         res = run_python(code, self.timeout_s, self.memory_mb, self.max_output, mode=self.sandbox)
         return res.observation(), 0.0, {"valid_action": True, "sandbox_ok": res.ok}
+
+
+BENCHMARKS = ("aime24", "amc23", "math500", "minerva", "olympiadbench")
+
+
+@dataclass
+class MathSettings:
+    """Where the math env runs the model's code."""
+
+    sandbox: str = "strict"  # strict: kernel namespaces | weak: an in-process audit hook (opt-in, by name)
+
+    def __post_init__(self):
+        check_mode(self.sandbox)
+
+
+def math_spec(settings: MathSettings) -> EnvSpec:
+    try:
+        require(settings.sandbox)
+    except SandboxUnavailable as err:
+        raise ConfigError(f"env.math.sandbox: {err} (env.math.sandbox=weak opts in)") from None
+    return EnvSpec(
+        partial(MathEnv, sandbox=settings.sandbox),
+        {b: (lambda n, b=b: load_tasks(b, n)) for b in BENCHMARKS},
+        sample_rows(lambda: load_tasks("math-train")),
+        max_new_tokens=512,
+    )
+
+
+MATH = EnvPlugin("math", math_spec, MathSettings)

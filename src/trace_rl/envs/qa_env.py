@@ -3,18 +3,29 @@
 Reward: exact match after the usual SQuAD normalisation (lower-case, no punctuation or articles, single
 spaces) against any accepted alias; F1 is reported in info. Search results are truncated per passage so a
 long corpus entry cannot flood the context; a query that matches nothing says so. A remote retriever is probed
-when the env is built (`registry.get_env`: one that cannot be reached stops the run there, in one line); one
+when the env is built (`qa_spec`: one that cannot be reached stops the run there, in one line); one
 that fails later (after the client's own retries) gives an observation saying the search failed, and the
 episode goes on.
+
+The plug-in `QA` (the settings group `env.qa.*`) searches a passage corpus file (`corpus`, BM25), a running
+retriever (`retriever_url`), or by default the offline HotpotQA and MuSiQue corpora, which come with their own
+questions (training and benchmarks); with a corpus or a retriever, the benchmarks are the four usual QA sets and
+training draws from `qa-train-1` (`envs.data`).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import re
 import string
+from dataclasses import dataclass
+from pathlib import Path
 
+from ..errors import ConfigError
 from .base import ToolEnv
+from .data import data_root, load_tasks
+from .registry import EnvPlugin, EnvSpec, sample_rows
 from .retrieval import Retriever
 
 TOOLS = ("search", "answer")
@@ -87,3 +98,78 @@ class QAEnv(ToolEnv):
         if not hits:  # an empty observation would leave the agent guessing whether the search ran
             return NO_HITS, 0.0, {"valid_action": True, "no_hits": True}
         return "\n".join(f'"{p.title}" {p.text[: self.max_chars]}' for p, _ in hits), 0.0, {"valid_action": True}
+
+
+BENCHMARKS = ("hotpotqa", "2wiki", "musique", "bamboogle")
+
+
+@dataclass
+class QASettings:
+    """Where the QA env searches (default: the offline corpora, with their own questions)."""
+
+    corpus: str = ""  # a passage corpus file (default: the offline corpora with their own questions)
+    retriever_url: str = ""  # a running /retrieve server (Search-R1 compatible)
+
+    def __post_init__(self):
+        if self.retriever_url and not self.retriever_url.startswith(("http://", "https://")):
+            raise ValueError(f"retriever_url must be an http(s) URL of a /retrieve server, got {self.retriever_url!r}")
+        if self.corpus and not Path(self.corpus).is_file():
+            raise ValueError(f"corpus: no file {self.corpus}")
+
+
+def _corpus_questions(name: str, limit: int | None) -> list[dict]:
+    rows = json.loads((data_root() / "qa" / "corpus" / f"{name}_train.json").read_text())[:limit]
+    out = []
+    for i, r in enumerate(rows):
+        if name == "hotpotqa":
+            sup = sorted({t for t, _ in r["supporting_facts"]})
+        else:
+            sup = sorted({p["title"] for p in r["paragraphs"] if p["is_supporting"]})
+        out.append(
+            {
+                "index": i,
+                "question": r["question"],
+                "answer": [r["answer"], *r.get("answer_aliases", [])],
+                "supporting_titles": sup,
+                "data_source": f"{name}_corpus",
+            }
+        )
+    return out
+
+
+def _reachable(url: str):
+    """A RemoteRetriever for `url`, once a probe query got an answer: a dead or unreachable retriever stops the
+    run here, before any work, in one line (a run against it would score 0.000 with exit status 0)."""
+    from .retrieval_server import RemoteRetriever, RetrieverError
+
+    try:
+        RemoteRetriever(url, retries=1, backoff_s=0.5).search(["retriever probe"], 1)
+    except (ValueError, RetrieverError) as err:  # ValueError: a URL that is not http://host:port[/path]
+        raise ConfigError(f"env.qa.retriever_url: {err}") from None
+    return RemoteRetriever(url)
+
+
+def qa_spec(settings: QASettings) -> EnvSpec:
+    from .retrieval import BM25Retriever, load_corpus
+
+    benches = {b: (lambda n, b=b: load_tasks(b, n)) for b in BENCHMARKS}
+    train = sample_rows(lambda: load_tasks("qa-train-1"))
+    if settings.retriever_url:
+        retriever = _reachable(settings.retriever_url)
+    elif settings.corpus:
+        try:
+            retriever = BM25Retriever(load_corpus(settings.corpus))
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:
+            raise ConfigError(
+                f"env.qa.corpus: {settings.corpus} is not a passage corpus ({type(err).__name__}: {err})"
+            ) from None
+    else:  # the offline corpora come with their own questions
+        root = data_root() / "qa" / "corpus"
+        passages = load_corpus(root / "hotpotqa_train_corpus.json") + load_corpus(root / "musique_train_corpus.json")
+        retriever = BM25Retriever(passages)
+        benches = {f"{b}-corpus": (lambda n, b=b: _corpus_questions(b, n)) for b in ("hotpotqa", "musique")}
+        train = sample_rows(lambda: _corpus_questions("hotpotqa", None) + _corpus_questions("musique", None))
+    return EnvSpec(lambda: QAEnv(retriever), benches, train, max_new_tokens=256)
+
+
+QA = EnvPlugin("qa", qa_spec, QASettings)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..backends.base import PolicyBackend, SamplingParams
-from ..envs.registry import EnvSpec, get_env
+from ..envs.registry import EnvSpec
 from ..errors import ConfigError, MissingFileError
 from ..methods import BudgetPlan, Method
 from ..predictors import training_examples
@@ -28,36 +28,15 @@ from ..predictors.flip import make_flip_model
 from ..rollout.engine import TreeRolloutEngine
 from ..rollout.lm_actor import LMActor
 from ..seeding import derive_rng
-from .config import EngineConfig, LMEnvConfig, LMPolicyConfig, LMPredictorConfig
+from .config import EngineConfig, LMPolicyConfig, LMPredictorConfig
+from .env_config import LMEnvConfig
 
 
 def build_env(cfg: LMEnvConfig) -> EnvSpec:
-    """The env spec of `cfg`; a corpus that does not parse, a retriever that does not answer, or a strict sandbox
-    that cannot run here, is one line naming its key (raised before any model is loaded)."""
-    try:
-        spec = get_env(
-            cfg.name,
-            corpus=cfg.corpus or None,
-            retriever_url=cfg.retriever_url or None,
-            calculator_mix=cfg.calculator_mix,
-            sandbox=cfg.sandbox,
-        )
-    except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:
-        if isinstance(err, ConfigError) and str(err).startswith("env."):  # names its key (env.retriever_url)
-            raise
-        if cfg.name == "qa" and cfg.corpus:
-            raise ConfigError(
-                f"env.corpus: {cfg.corpus} is not a passage corpus ({type(err).__name__}: {err})"
-            ) from None
-        raise
-    if cfg.name == "math":
-        from ..envs.sandbox import SandboxUnavailable, require
-
-        try:
-            require(cfg.sandbox)
-        except SandboxUnavailable as err:
-            raise ConfigError(f"env.sandbox: {err} (env.sandbox=weak opts in)") from None
-    return spec
+    """The spec of the chosen env under its settings (`env.<name>.*`). A built-in names its key in one line for a
+    setting that cannot work here (a corpus that does not parse, a retriever that does not answer, a strict
+    sandbox that cannot run), raised before any model is loaded."""
+    return cfg.plugin().spec(cfg.settings())
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """The settings groups every LM command shares: `policy.*`, `predictor.*`, `env.*`, `engine.*`.
 
+The env group (`LMEnvConfig`: `env.name` and the chosen environment's own group `env.<name>.*`) lives in
+`stack/env_config.py`, since its class depends on the environment chosen.
+
 `rollout`, `train`, `compare`, `eval` and `sft` take these same dataclasses, so a key is spelled, defaulted
 and checked once; `rollout` and `train` (and so `compare`) inherit them all, with the executor and the budget,
 from `LMRunConfig`. Each `__post_init__` refuses a bad value before any work, with one line that names the key
@@ -22,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.base import SamplingParams
-from ..envs.registry import CALCULATOR_MIX, ENVS
 from ..errors import ConfigError
 from ..methods import BudgetPlan
 from ..predictors.flip import FLIP_MODELS
@@ -30,6 +32,7 @@ from ..rollout.engine import EXECUTORS
 from ..rollout.lm_actor import BATCHING
 from ..rollout.ray_executor import RayConfig
 from ..seeding import check_seed  # noqa: F401 - the commands' configs import it from here
+from .env_config import LMEnvConfig, env_config  # noqa: F401 - the env group lives apart; imported from here
 
 BACKENDS = ("hf", "vllm", "server")
 SERVER_PROBE_S = 3.0  # seconds the start-up probe of `policy.server_url` waits for /v1/models
@@ -230,37 +233,6 @@ class LMPredictorConfig:
 
 
 @dataclass
-class LMEnvConfig:
-    """Which environment the agent acts in, and its task mix."""
-
-    name: str = "calculator"  # calculator | math | qa | bfcl
-    chain_steps: list[int] = field(default_factory=lambda: list(CALCULATOR_MIX["steps"]))  # calculator: chain lengths
-    digits: list[int] = field(default_factory=lambda: list(CALCULATOR_MIX["digits"]))  # calculator: number sizes
-    corpus: str = ""  # qa: a passage corpus file (default: the offline corpora with their own questions)
-    retriever_url: str = ""  # qa: a running /retrieve server (Search-R1 compatible)
-    sandbox: str = "strict"  # math: where model code runs: strict (kernel namespaces) | weak (audit hook, opt-in)
-
-    def __post_init__(self):
-        if self.name not in ENVS:
-            raise ValueError(f"name: unknown env {self.name!r}; choose from {', '.join(ENVS)}")
-        if not self.chain_steps or not all(1 <= s <= 8 for s in self.chain_steps):
-            raise ValueError(f"chain_steps must be integers in 1..8, got {self.chain_steps}")
-        if not self.digits or not all(1 <= d <= 3 for d in self.digits):
-            raise ValueError(f"digits must be integers in 1..3, got {self.digits}")
-        if self.retriever_url and not self.retriever_url.startswith(("http://", "https://")):
-            raise ValueError(f"retriever_url must be an http(s) URL of a /retrieve server, got {self.retriever_url!r}")
-        if self.corpus and not Path(self.corpus).is_file():
-            raise ValueError(f"corpus: no file {self.corpus}")
-        from ..envs.sandbox import check_mode
-
-        check_mode(self.sandbox)
-
-    @property
-    def calculator_mix(self) -> dict:
-        return {"steps": tuple(self.chain_steps), "digits": tuple(self.digits)}
-
-
-@dataclass
 class EngineConfig:
     """How the step's prompts share the model and the environment threads."""
 
@@ -285,7 +257,7 @@ class LMRunConfig:
     budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
     predictor: LMPredictorConfig = field(default_factory=LMPredictorConfig)
-    env: LMEnvConfig = field(default_factory=LMEnvConfig)
+    env: LMEnvConfig = field(default_factory=env_config)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):

@@ -47,6 +47,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..safe_read import check_regular, read_json
+from ..stack.env_config import upgrade_run_settings
 
 _NAME = re.compile(r"^global_step_(\d+)$")
 MANIFEST = "manifest.json"
@@ -240,7 +241,9 @@ def check_identity(path: Path, step: int, state: dict, run: dict | None) -> str:
     if theirs.get("seed") != run["seed"]:
         raise ForeignCheckpoint(f"{path}: a checkpoint of another run (seed {theirs.get('seed')}, not {run['seed']})")
     if theirs.get("settings_digest") != run["settings_digest"]:
-        other = theirs.get("settings")
+        other = upgrade_run_settings(theirs.get("settings"))
+        if other == run["settings"]:  # written before each env had its own settings group: the same run
+            return ""
         diff = setting_differences(other, run["settings"]) if isinstance(other, dict) else []
         said = f"settings differ in {', '.join(diff[:4])}" if diff else "other settings"
         raise ForeignCheckpoint(f"{path}: a checkpoint of another run ({said})")

@@ -52,6 +52,7 @@ from ..lm.warm_start import is_tiny
 from ..methods import METHODS
 from ..rollout.records import format_table, read_metrics
 from ..stack.config import check_seed
+from ..stack.env_config import upgrade_run_settings
 from ..stats import cost_to_target_ci, mean_ci, paired_bootstrap_ci
 from .checkpoint import checkpoints, setting_differences
 from .trainer import TrainConfig, train
@@ -188,7 +189,7 @@ def _finished(run: Path, cfg: TrainConfig) -> bool:
     path = run / RUN_SETTINGS
     if not path.exists():
         return False
-    stored = _without_unread(json.loads(path.read_text()))
+    stored = _without_unread(upgrade_run_settings(json.loads(path.read_text())))
     current = run_settings(cfg)
     diff = [k for k in setting_differences(stored, current) if not _added_since_at_default(k, stored, current)]
     if diff:
@@ -252,7 +253,7 @@ def run_one(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Path:
         if not checkpoints(run):  # a resumed run never evaluates its start; one from step 0 waits for the pair's
             held.enter_context(file_lock(shared))  # released once this run has the evaluation, or has failed
         cached = json.loads(shared.read_text()) if shared.exists() else {}
-        before = cached.get("before") if cached.get("settings") == key else None
+        before = cached.get("before") if upgrade_run_settings(cached.get("settings")) == key else None
         if before is not None:
             held.close()
 

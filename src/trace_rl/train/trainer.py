@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..advantages import ADVANTAGES, batch_advantages
-from ..envs.calculator import TRAIN_MIX
 from ..errors import UserError
 from ..methods import METHODS, BudgetPlan, get_method
 from ..rollout.engine import make_executor
@@ -40,7 +39,7 @@ from ..rollout.records import finite_json, keep_records_before, step_record
 from ..safe_read import read_json
 from ..seeding import derive_seed
 from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
-from ..stack.config import LMEnvConfig, LMRunConfig, check_seed
+from ..stack.config import LMEnvConfig, LMRunConfig, check_seed, env_config
 from .checkpoint import entries, restore, resume_point, run_record, save_checkpoint
 from .loggers import SINKS, StepLogger
 from .update import UpdateConfig, make_optimizer, scheduled_lr, update_policy
@@ -65,11 +64,9 @@ class TrainConfig(LMRunConfig):
     progress: bool = True  # progress bars for rollouts, update and evaluation
     # executor, ray, policy, predictor, engine: inherited from LMRunConfig, as in `rollout`; budget and env too,
     # with train's own defaults: 64 rollouts a step (at an equal total, twice the updates of 128 a step learn faster
-    # at a stable rate) on the calculator's TRAIN_MIX, where training moves held-out accuracy
+    # at a stable rate) on the calculator's `train` preset, where training moves held-out accuracy
     budget: BudgetPlan = field(default_factory=lambda: BudgetPlan(prompts=8))  # rollouts per step, and their split
-    env: LMEnvConfig = field(
-        default_factory=lambda: LMEnvConfig(chain_steps=list(TRAIN_MIX["steps"]), digits=list(TRAIN_MIX["digits"]))
-    )
+    env: LMEnvConfig = field(default_factory=lambda: env_config("calculator", preset="train"))
     update: UpdateConfig = field(default_factory=UpdateConfig)
 
     def __post_init__(self):
