@@ -141,9 +141,6 @@ def _simulate(cfg, yaml_text: str) -> None:
     from .testbed.report import format_seed_table, plot_accuracy_vs_cost, seed_statistics
     from .testbed.simulate import run_seeds
 
-    twice = sorted({m for m in cfg.methods if cfg.methods.count(m) > 1})
-    if twice:  # one table row and one metrics stream per method: a repeat would overwrite its own results
-        raise ConfigError(f"methods: {', '.join(twice)} listed more than once; list each method once")
     out = Path(cfg.out)
     write_config(yaml_text, out)
     seeds = list(cfg.seeds) or [cfg.seed]
@@ -449,6 +446,18 @@ def _check_out(cfg) -> None:
         raise ConfigError(f"out: cannot create the directory {out!r} ({err.strerror or err})") from None
 
 
+def _probe(cfg) -> None:
+    """An LM command's probes (server, model: `stack.build.probe_policy`), once, before any work. The configs are
+    plain data, so building them (--help, compare's per-run configs) never probes."""
+    policy = getattr(cfg, "policy", None)
+    if policy is None:  # compare: the policy every run shares
+        policy = getattr(getattr(cfg, "train", None), "policy", None)
+    if isinstance(policy, LMPolicyConfig):
+        from .stack.build import probe_policy
+
+        probe_policy(policy)
+
+
 def _usage(commands: dict) -> str:
     lines = ["usage: trace-rl COMMAND [--config FILE.yaml] [key=value ...]   (trace-rl COMMAND --help lists keys)", ""]
     lines += [f"  {name:<16} {spec[3]}" for name, spec in commands.items()]
@@ -488,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, yaml_text = load_config(cls, rest)
         _check_out(cfg)
+        _probe(cfg)
         run(cfg, yaml_text)
     except UserError as err:  # anything else is a bug in trace-rl: it keeps its traceback (exit code 1)
         print(f"trace-rl {command}: error: {' '.join(str(err).split())}", file=sys.stderr)

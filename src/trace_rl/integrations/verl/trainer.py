@@ -52,7 +52,7 @@ class TraceTrainer(PPOTrainerSync):
                 "(KL as a loss term, actor.use_kl_loss, is fine)"
             )
         self.trace = TraceSettings.from_config(config.get(CONFIG_KEY, None))
-        self.predictor = shared_predictor(self.trace.predictor, self.trace.seed)  # the manager's object
+        self.predictor = shared_predictor(self.trace.config, self.trace.seed)  # the manager's object
         self._step_trees: list = []
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -70,7 +70,7 @@ class TraceTrainer(PPOTrainerSync):
         extra = [getattr(e, "data", e) for e in list(data["extra_fields"])]
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
         advs, trees = merge_tree_advantages(
-            extra, scores, lengths, padding, base, self.trace.advantage, self.trace.weighting
+            extra, scores, lengths, padding, base, self.trace.advantage, self.trace.config.weighting
         )
         if not trees:
             return batch
@@ -88,7 +88,7 @@ class TraceTrainer(PPOTrainerSync):
         super().on_step_end()
         trees, self._step_trees = self._step_trees, []
         rng = derive_rng(self.trace.seed, "predictor-examples", self.global_steps)
-        examples, targets = training_examples(trees, self.trace.prefix_share, rng)
+        examples, targets = training_examples(trees, self.trace.config.predictor.prefix_share, rng)
         if examples:
             loss = float(self.predictor.update(examples, targets))
             pending = getattr(self, "_pending_sync_metrics", None) or {}

@@ -23,11 +23,12 @@ import transfer_queue as tq
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
+from ...predictors.build import build_predictor
 from ...seeding import derive_seed
 from .advantage import TRACE_FIELD, leaf_record
 from .budgets import CONFIG_KEY, ROLLOUT_N_KEY, TraceSettings, prompt_text
 from .loop import TraceToolAgentLoop
-from .predictor_state import build_predictor, load_bytes
+from .predictor_state import load_bytes
 from .tree_actor import grow_prompt_tree
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,8 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.trace = TraceSettings.from_config(self.config.get(CONFIG_KEY, None))
-        self.predictor = build_predictor(self.trace.predictor, self.trace.seed)
+        # this worker's own copy (the manager sends its weights before each batch), from the one predictor builder
+        self.predictor = build_predictor(self.trace.config.predictor, self.trace.method_spec, self.trace.seed)
 
     def set_trace_predictor(self, blob: bytes | None) -> None:
         """The manager's current predictor weights, sent before each training batch."""
@@ -105,8 +107,7 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             roots,
             open_sessions,
             self.predictor,
-            self.trace.method_spec,
-            self.trace.branch_factor,
+            self.trace.config,
             derive_seed(self.trace.seed, "verl-tree", uid),
             step,
         )
