@@ -100,7 +100,7 @@ class CompareConfig:
         # each entry is a method and, after ':', an advantage: TRACE's one check of each (trace_config)
         check_methods(list(dict.fromkeys(parse_method(m)[0] for m in self.methods)), oracle=False)
         for spec in self.methods:
-            check_advantage(parse_method(spec)[1], key="methods")
+            check_advantage(parse_method(spec)[1], key="methods (the advantage after ':')")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods: {self.methods} lists a method twice")
         if not self.seeds:
