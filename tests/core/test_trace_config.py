@@ -39,7 +39,9 @@ def test_importing_and_building_it_needs_no_numpy():
 def test_defaults_are_the_command_line_defaults():
     cfg = TraceConfig()
     assert (cfg.method, cfg.advantage, cfg.weighting) == ("trace", "", "first")
-    assert cfg.budget == BudgetPlan() and cfg.predictor == PredictorSettings("light", PREFIX_SHARE) and PREFIX_SHARE == 0.5
+    assert (
+        cfg.budget == BudgetPlan() and cfg.predictor == PredictorSettings("light", PREFIX_SHARE) and PREFIX_SHARE == 0.5
+    )
     assert cfg.advantage_name == "trace" and TraceConfig("tree_grpo").advantage_name == "tree_grpo"
     assert TraceConfig("tree_grpo", advantage="grpo").advantage_name == "grpo"
     assert MethodsBudgetPlan is BudgetPlan and get_method("trace") is METHODS["trace"]  # methods re-exports them

@@ -39,10 +39,10 @@ from trace_rl.integrations.verl import worker as worker_mod  # noqa: E402
 from trace_rl.integrations.verl.advantage import leaf_record, token_advantages  # noqa: E402
 from trace_rl.integrations.verl.budgets import TraceSettings, expected_rows  # noqa: E402
 from trace_rl.integrations.verl.loop import TraceToolAgentLoop  # noqa: E402
+from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
 from trace_rl.methods import BudgetPlan, get_method  # noqa: E402
 from trace_rl.predictors.build import build_predictor  # noqa: E402
 from trace_rl.trace_config import PredictorSettings, TraceConfig  # noqa: E402
-from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TOK = byte_tokenizer()
@@ -240,7 +240,7 @@ def test_worker_reports_failure_and_leaves_validation_to_verl(monkeypatch):
     async def flat(self, prompt, sampling_params, trajectory, trace=False):
         seen.append(prompt["uid"])
 
-    monkeypatch.setattr(worker_mod.AgentLoopWorkerTQ.__ray_actor_class__, "_run_prompt", flat)
+    monkeypatch.setattr(worker_mod.compat.AgentLoopWorkerBase, "_run_prompt", flat)
     asyncio.run(w._run_prompt(dict(prompt), {}, {"step": 1, "validate": True}))
     asyncio.run(w._run_prompt({**prompt, "agent_name": "tool_agent"}, {}, {"step": 1, "validate": False}))
     assert seen == ["u-8", "u-8"]

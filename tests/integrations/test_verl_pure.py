@@ -22,7 +22,9 @@ from trace_rl.tree import RolloutTree
 
 
 def settings_of(method="trace", branch=1, max_per_prompt=8, seed=0) -> TraceSettings:
-    return TraceSettings(TraceConfig(method, budget=BudgetPlan(branch_factor=branch, max_per_prompt=max_per_prompt)), seed)
+    return TraceSettings(
+        TraceConfig(method, budget=BudgetPlan(branch_factor=branch, max_per_prompt=max_per_prompt)), seed
+    )
 
 
 @pytest.mark.parametrize("method,branch", [("trace", 1), ("trace", 3), ("grpo", 1), ("pcl", 0), ("tree_grpo", 1)])

@@ -17,9 +17,9 @@ import numpy as np
 import ray
 import torch
 from tensordict import TensorDict
-from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 
 from .budgets import CONFIG_KEY, ROLLOUT_N_KEY, TraceSettings, prompt_trees, root_counts
+from .compat import AgentLoopManagerTQ
 from .predictor_state import shared_predictor, to_bytes
 from .worker import VALUE_KEY, TraceAgentLoopWorker
 

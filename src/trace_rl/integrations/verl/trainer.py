@@ -25,14 +25,13 @@ import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.trainer_base import register_trainer
-from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.workers.utils.padding import response_to_nested
 
 from ...predictors.base import training_examples
 from ...seeding import derive_rng
+from . import compat
 from .advantage import merge_tree_advantages
 from .budgets import CONFIG_KEY, TraceSettings
+from .compat import PPOTrainerSync, register_trainer, response_to_nested
 from .predictor_state import shared_predictor
 
 TRAINER_NAME = "trace"
@@ -91,12 +90,8 @@ class TraceTrainer(PPOTrainerSync):
         examples, targets = training_examples(trees, self.trace.config.predictor.prefix_share, rng)
         if examples:
             loss = float(self.predictor.update(examples, targets))
-            pending = getattr(self, "_pending_sync_metrics", None) or {}
-            self._pending_sync_metrics = {
-                **pending,
-                "trace/predictor_loss": loss,
-                "trace/predictor_examples": float(len(examples)),
-            }
+            metrics = {"trace/predictor_loss": loss, "trace/predictor_examples": float(len(examples))}
+            compat.add_sync_metrics(self, metrics)
 
 
 def tree_metrics(trees: list, extra: list, padding: list) -> dict[str, float]:
