@@ -96,13 +96,6 @@ class ServeRetrieverConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.dense and self.encoder.startswith((".", "/", "~")) and not Path(self.encoder).expanduser().is_dir():
             raise ValueError(f"encoder: no directory {self.encoder} (give a local encoder or 'all-minilm-l6-v2')")
-        if self.dense and self.encoder != "all-minilm-l6-v2":
-            from .lm.models import check_model
-
-            try:  # in seconds, before the corpus is read: an unknown hub id offline is not left to the hub's retries
-                check_model(self.encoder)
-            except ValueError as err:
-                raise ValueError(f"encoder: {str(err).removeprefix('model: ')}") from None
         if not self.allow_remote and not _loopback(self.host):  # serve() checks it again; here before any work
             raise ValueError(
                 f"host: {self.host!r} is not a loopback address; the server has no authentication, so serving "
@@ -447,8 +440,16 @@ def _check_out(cfg) -> None:
 
 
 def _probe(cfg) -> None:
-    """An LM command's probes (server, model: `stack.build.probe_policy`), once, before any work. The configs are
-    plain data, so building them (--help, compare's per-run configs) never probes."""
+    """A command's probes (an LM command's server and model: `stack.build.probe_policy`; serve-retriever's dense
+    encoder), once, before any work. The configs are plain data, so building them (--help, compare's per-run
+    configs) never probes."""
+    if isinstance(cfg, ServeRetrieverConfig) and cfg.dense and cfg.encoder != "all-minilm-l6-v2":
+        from .lm.models import check_model
+
+        try:  # in seconds, before the corpus is read: an unknown hub id offline is not left to the hub's retries
+            check_model(cfg.encoder)
+        except ValueError as err:
+            raise ConfigError(f"encoder: {str(err).removeprefix('model: ')}") from None
     policy = getattr(cfg, "policy", None)
     if policy is None:  # compare: the policy every run shares
         policy = getattr(getattr(cfg, "train", None), "policy", None)
