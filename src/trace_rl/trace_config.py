@@ -156,7 +156,7 @@ def check_advantage(name: str, key: str = "advantage") -> None:
 
 
 def check_prefix_share(value: float, key: str = "prefix_share") -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
         raise ValueError(f"{key} must be in [0, 1), got {value!r}")
 
 
