@@ -8,6 +8,7 @@ if any of them is read; the check is there to catch a key nobody reads at all, a
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,40 @@ def test_help_shows_the_commands_own_default_of_a_group_it_overrides():
     assert f"budget.prompts={RolloutConfig().budget.prompts} " in rollout
     assert TrainConfig().budget.prompts != RolloutConfig().budget.prompts  # else this test shows nothing
     assert "env.calculator.preset='train' " in train and "env.calculator.preset='rl' " in rollout
+
+
+def test_trace_settings_keep_the_command_lines_keys_and_the_one_configurations_defaults():
+    """`train` names TRACE's settings by its own keys (method, advantage, budget.*, predictor.kind,
+    predictor.prefix_share, update.weighting) and builds TRACE's one configuration from them, with its
+    defaults (train's budget is its own: 8 prompts a step); a bad one is refused by the one check."""
+    pytest.importorskip("torch")
+    from trace_rl.config import load_config
+    from trace_rl.errors import ConfigError
+    from trace_rl.methods import BudgetPlan
+    from trace_rl.trace_config import PredictorSettings, TraceConfig
+    from trace_rl.train.trainer import TrainConfig
+
+    cfg, _ = load_config(TrainConfig, ["policy.model=random-tiny"])
+    assert cfg.trace_config() == TraceConfig(budget=BudgetPlan(prompts=8))
+    cfg, _ = load_config(
+        TrainConfig,
+        [
+            "method=tree_grpo",
+            "advantage=trace",
+            "predictor.kind=history",
+            "--prefix-share",
+            "0.1",
+            "update.weighting=split",
+        ],
+    )
+    assert cfg.trace_config() == TraceConfig(
+        "tree_grpo", "trace", BudgetPlan(prompts=8), PredictorSettings("history", 0.1), "split"
+    )
+    for argv, key in [
+        (["method=trace_oracle"], "method: unknown 'trace_oracle' (it needs the exact V"),
+        (["predictor.kind=light_text"], "predictor.kind: 'light_text' is now called 'light'"),
+        (["predictor.prefix_share=1"], "predictor.prefix_share: prefix_share must be in [0, 1)"),
+        (["advantage=ppo"], "advantage: unknown 'ppo'"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            load_config(TrainConfig, argv)

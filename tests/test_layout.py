@@ -27,6 +27,7 @@ CORE = {
     "vip",
     "seeding",
     "stats",
+    "trace_config",
 }
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
@@ -51,7 +52,8 @@ RANK = {
 # what each unit holds, for the docs' table (a unit missing here fails test_every_unit_is_ranked_and_described)
 HOLDS = {
     "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's and VIP's allocators, "
-    "methods, advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
+    "methods and TRACE's one configuration (method, advantage, budget, predictor kind and prefix share, weighting), "
+    "advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
     "errors": "the user-error types the command line shows as one line (standard library only)",
     "safe_read": "reading files a damaged disk may have replaced: regular files only, bounded, strict JSON "
     "(standard library only)",

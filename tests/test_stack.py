@@ -74,7 +74,8 @@ CASES = [
     (["eval", "env=qa", "env.qa.corpus={ints}", "policy.model=random-tiny"], "env.qa.corpus"),
     (["eval", "env=qa", "env.qa.corpus={tmp}/none.json"], "env.qa.corpus"),
     (["eval", "env=chess"], "env.name: unknown env 'chess'; registered: calculator, math, qa, bfcl"),
-    (["sft", "policy.backend=server", "policy.server_url=http://127.0.0.1:{closed}"], "policy.server_url"),
+    # sft refuses a server backend in its settings, before the server is asked (the probe runs when a command starts)
+    (["sft", "policy.backend=server", "policy.server_url=http://127.0.0.1:{closed}"], "policy.backend"),
     (["eval", "model=tiny"], "model"),  # one spelling: eval's model is policy.model, as everywhere
     (["eval", "policy.device=tpu"], "policy.device"),
     (["eval", "policy.vllm.dtype=int8"], "policy.vllm.dtype"),
@@ -264,3 +265,29 @@ def test_device_auto_is_resolved_once_and_recorded_resolved(monkeypatch):
     import yaml
 
     assert cfg.policy.device == "cpu" and yaml.safe_load(yaml_text)["policy"]["device"] == "cpu"
+
+
+def test_settings_are_plain_data_and_the_probes_run_once_when_the_command_starts(monkeypatch, garbage):
+    """Building the settings asks no server and no hub and reads no trees file (so --help and compare's per-run
+    configs never probe); `probe_policy` asks, and the command line calls it once per command."""
+    import trace_rl.lm.models as models
+    import trace_rl.stack.build as build
+    from trace_rl.errors import ConfigError
+    from trace_rl.stack.config import LMPolicyConfig, LMPredictorConfig
+
+    asked = []
+    monkeypatch.setattr(models, "check_model", lambda name, weights=True: asked.append(name))
+    url = f"http://127.0.0.1:{_closed_port()}"
+    cfg = LMPolicyConfig(model="org/model", backend="server", server_url=url)  # nothing answers there
+    pred = LMPredictorConfig(warmup=str(garbage["garbage"]))  # not a trees file: read only when asked
+    assert asked == []
+    with pytest.raises(ConfigError, match="^policy.server_url: no OpenAI-compatible server answers"):
+        build.probe_policy(cfg)
+    with pytest.raises(ConfigError, match="^predictor.warmup: .* is not a trees file"):
+        pred.warmup_trees()
+    build.probe_policy(LMPolicyConfig(model="org/other"))
+    assert asked == ["org/other"]
+    probes = []
+    monkeypatch.setattr(build, "probe_policy", lambda policy: probes.append(policy.model))
+    assert main(["rollout", "policy.model=org/x", "steps=0"]) == 2  # a bad setting: refused before the probe
+    assert main(["eval", "--help"]) == 0 and probes == []

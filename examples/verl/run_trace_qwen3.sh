@@ -67,9 +67,9 @@ python -m verl.trainer.main_ppo \
   +actor_rollout_ref.rollout.agent.agent_loop_manager_class=trace_rl.integrations.verl.manager.TraceAgentLoopManager \
   actor_rollout_ref.rollout.agent.default_agent_loop=trace_tool_agent \
   +trace_rl.method=trace \
-  +trace_rl.branch_factor=1 \
-  +trace_rl.max_per_prompt=16 \
-  +trace_rl.predictor=light_text \
+  +trace_rl.budget.branch_factor=1 \
+  +trace_rl.budget.max_per_prompt=16 \
+  +trace_rl.predictor.kind=light \
   +trace_rl.weighting=split \
   algorithm.adv_estimator=grpo \
   algorithm.use_kl_in_reward=False \

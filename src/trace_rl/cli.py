@@ -96,13 +96,6 @@ class ServeRetrieverConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.dense and self.encoder.startswith((".", "/", "~")) and not Path(self.encoder).expanduser().is_dir():
             raise ValueError(f"encoder: no directory {self.encoder} (give a local encoder or 'all-minilm-l6-v2')")
-        if self.dense and self.encoder != "all-minilm-l6-v2":
-            from .lm.models import check_model
-
-            try:  # in seconds, before the corpus is read: an unknown hub id offline is not left to the hub's retries
-                check_model(self.encoder)
-            except ValueError as err:
-                raise ValueError(f"encoder: {str(err).removeprefix('model: ')}") from None
         if not self.allow_remote and not _loopback(self.host):  # serve() checks it again; here before any work
             raise ValueError(
                 f"host: {self.host!r} is not a loopback address; the server has no authentication, so serving "
@@ -141,9 +134,6 @@ def _simulate(cfg, yaml_text: str) -> None:
     from .testbed.report import format_seed_table, plot_accuracy_vs_cost, seed_statistics
     from .testbed.simulate import run_seeds
 
-    twice = sorted({m for m in cfg.methods if cfg.methods.count(m) > 1})
-    if twice:  # one table row and one metrics stream per method: a repeat would overwrite its own results
-        raise ConfigError(f"methods: {', '.join(twice)} listed more than once; list each method once")
     out = Path(cfg.out)
     write_config(yaml_text, out)
     seeds = list(cfg.seeds) or [cfg.seed]
@@ -449,6 +439,26 @@ def _check_out(cfg) -> None:
         raise ConfigError(f"out: cannot create the directory {out!r} ({err.strerror or err})") from None
 
 
+def _probe(cfg) -> None:
+    """A command's probes (an LM command's server and model: `stack.build.probe_policy`; serve-retriever's dense
+    encoder), once, before any work. The configs are plain data, so building them (--help, compare's per-run
+    configs) never probes."""
+    if isinstance(cfg, ServeRetrieverConfig) and cfg.dense and cfg.encoder != "all-minilm-l6-v2":
+        from .lm.models import check_model
+
+        try:  # in seconds, before the corpus is read: an unknown hub id offline is not left to the hub's retries
+            check_model(cfg.encoder)
+        except ValueError as err:
+            raise ConfigError(f"encoder: {str(err).removeprefix('model: ')}") from None
+    policy = getattr(cfg, "policy", None)
+    if policy is None:  # compare: the policy every run shares
+        policy = getattr(getattr(cfg, "train", None), "policy", None)
+    if isinstance(policy, LMPolicyConfig):
+        from .stack.build import probe_policy
+
+        probe_policy(policy)
+
+
 def _usage(commands: dict) -> str:
     lines = ["usage: trace-rl COMMAND [--config FILE.yaml] [key=value ...]   (trace-rl COMMAND --help lists keys)", ""]
     lines += [f"  {name:<16} {spec[3]}" for name, spec in commands.items()]
@@ -492,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, yaml_text = load_config(cls, rest)
         _check_out(cfg)
+        _probe(cfg)
         run(cfg, yaml_text)
     except UserError as err:  # anything else is a bug in trace-rl: it keeps its traceback (exit code 1)
         print(f"trace-rl {command}: error: {' '.join(str(err).split())}", file=sys.stderr)

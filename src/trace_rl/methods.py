@@ -4,6 +4,8 @@ A method is (how roots are allocated, how prefix continuations are allocated, wh
 Equal cost is counted in rollouts: a flat method spends P*n bare rollouts; a tree method spends
 P*n/(1+N) bare rollouts plus N continuations per bare rollout (a continuation is shorter than a bare
 rollout, so tree methods generate fewer turns; metrics report turns too, so the comparison stays honest).
+The method table and `BudgetPlan` are plain data and live in `trace_config` (TRACE's one configuration); they
+are re-exported here, beside the allocators that read them.
 
 Root strategies see a candidate pool of pool_factor*P prompts; the ones that do not choose their prompts
 (uniform, knapsack, knapsack_repaired, vip) take its first P (the pool is shuffled by the data loader); VIP, as
@@ -12,14 +14,15 @@ upstream, may still give some of those 0 rollouts (its rounding drops allocation
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from .allocation import allocate_prefixes, allocate_roots
 from .knapsack import allocate_knapsack_rl, allocate_knapsack_rl_repaired
 from .root_objectives import TEACH_ALPHA, allocate_roots_teach
+from .trace_config import METHODS, BudgetPlan, Method, get_method
 from .vip import allocate_vip
+
+__all__ = ["METHODS", "BudgetPlan", "Method", "get_method", "allocate_method_roots", "allocate_method_prefixes"]
 
 # active_<objective>: TRACE's exact root allocation of a root objective weighted by what a group teaches
 ROOT_STRATEGIES = (
@@ -32,86 +35,6 @@ ROOT_STRATEGIES = (
     *(f"active_{o}" for o in TEACH_ALPHA),
 )
 PREFIX_STRATEGIES = ("none", "random", "active")
-
-
-@dataclass(frozen=True)
-class Method:
-    """One row of a comparison: root strategy x prefix strategy x advantage estimator x predictor."""
-
-    name: str
-    root: str
-    prefix: str
-    advantage: str
-    predictor: str = "learned"  # which V~ drives the active parts: learned | oracle | history | gp
-
-    @property
-    def branches(self) -> bool:
-        return self.prefix != "none"
-
-
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in [
-        Method("grpo", "uniform", "none", "grpo"),
-        Method("pcl", "pcl", "none", "grpo"),
-        Method("knapsack_rl", "knapsack", "none", "grpo", predictor="history"),
-        Method("knapsack_rl_repaired", "knapsack_repaired", "none", "grpo", predictor="history"),
-        # VIP's allocator (its trainer's RLOO rule, 1 <= n <= 32) on its Gaussian-process predictor; trained with
-        # the GRPO estimator, as the other flat baselines are, so the rows differ in allocation only
-        Method("vip", "vip", "none", "grpo", predictor="gp"),
-        Method("treepo", "uniform", "random", "treepo"),
-        Method("tree_grpo", "uniform", "random", "tree_grpo"),
-        Method("trace", "active", "active", "trace"),
-        Method("trace_oracle", "active", "active", "trace", predictor="oracle"),
-        Method("trace_uniform", "uniform", "random", "trace"),
-        Method("trace_root_only", "active", "random", "trace"),
-        Method("trace_prefix_only", "uniform", "active", "trace"),
-        # PCL's root allocation under TRACE's prefix stage and estimator: the tree estimator where PCL applies
-        Method("trace_pcl_root", "pcl", "active", "trace"),
-        # TRACE with a root objective weighted by what a group teaches (root_objectives.py): expected rows with a
-        # non-zero advantage, the expected std-scaled step, the expected unscaled step
-        Method("trace_rows", "active_rows", "active", "trace"),
-        Method("trace_grad", "active_grad", "active", "trace"),
-        Method("trace_grad_unscaled", "active_grad_unscaled", "active", "trace"),
-    ]
-}
-
-
-def get_method(name: str) -> Method:
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
-    return METHODS[name]
-
-
-@dataclass(frozen=True)
-class BudgetPlan:
-    """How many rollouts one step buys, and how a tree method splits them."""
-
-    prompts: int = 32  # P: prompts a flat method trains on per step
-    rollouts_per_prompt: int = 8  # n: GRPO group size
-    branch_factor: int = 1  # N: continuations per bare rollout for tree methods
-    pool_factor: int = 4  # candidate pool = pool_factor * P prompts
-    max_per_prompt: int = 8  # m_max for the root allocators
-
-    def __post_init__(self):
-        for name in ("prompts", "rollouts_per_prompt", "pool_factor"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.branch_factor < 0:
-            raise ValueError(f"branch_factor must be >= 0, got {self.branch_factor}")
-        if self.max_per_prompt < 2:
-            raise ValueError(f"max_per_prompt must be >= 2, got {self.max_per_prompt}")
-
-    @property
-    def total(self) -> int:
-        return self.prompts * self.rollouts_per_prompt
-
-    @property
-    def pool(self) -> int:
-        return self.prompts * self.pool_factor
-
-    def root_budget(self, method: Method) -> int:
-        return self.total // (1 + self.branch_factor) if method.branches else self.total
 
 
 def uniform_split(prompts: int, budget: int) -> np.ndarray:

@@ -8,10 +8,12 @@ import pytest
 
 from trace_rl.integrations.rows import tree_rows
 from trace_rl.integrations.verl.advantage import leaf_record
-from trace_rl.integrations.verl.predictor_state import build_predictor, load_bytes, shared_predictor, to_bytes
+from trace_rl.integrations.verl.predictor_state import load_bytes, shared_predictor, to_bytes
 from trace_rl.integrations.verl.tree_actor import grow_prompt_tree, single_prompt_plan
-from trace_rl.methods import get_method
+from trace_rl.methods import BudgetPlan, get_method
 from trace_rl.predictors.base import training_examples
+from trace_rl.predictors.build import build_predictor
+from trace_rl.trace_config import PredictorSettings, TraceConfig
 from trace_rl.tree import BRANCH
 
 
@@ -54,13 +56,20 @@ def _opener():
     return lambda k: [ScriptedSession(next(counter)) for _ in range(k)]
 
 
+def _config(method: str, branch: int) -> TraceConfig:
+    return TraceConfig(method, budget=BudgetPlan(branch_factor=branch))
+
+
+def _predictor(kind: str, seed: int = 0):
+    return build_predictor(PredictorSettings(kind), get_method("trace"), seed)
+
+
 @pytest.mark.parametrize("roots,branch", [(4, 1), (3, 2), (2, 0)])
 def test_one_prompt_grows_roots_plus_continuations_and_every_leaf_is_a_finished_session(roots, branch):
-    method = get_method("trace" if branch else "pcl")
+    config = _config("trace" if branch else "pcl", branch)
+    method = config.method_spec
     tree, leaves, result = asyncio.run(
-        grow_prompt_tree(
-            "u-1", {"question": "q"}, roots, _opener(), build_predictor("light_text"), method, branch, seed=3, step=0
-        )
+        grow_prompt_tree("u-1", {"question": "q"}, roots, _opener(), _predictor("light"), config, seed=3, step=0)
     )
     assert tree.root_id == "u-1" and result.bare_rollouts == roots
     assert result.continuations + result.unspent_prefix_budget == roots * (branch if method.branches else 0)
@@ -81,15 +90,16 @@ def test_one_prompt_grows_roots_plus_continuations_and_every_leaf_is_a_finished_
 
 
 def test_single_prompt_plan_spends_exactly_the_given_roots():
-    plan, one = single_prompt_plan(5, get_method("trace"), 2)
+    plan, one = single_prompt_plan(5, _config("trace", 2))
     assert one.root == "uniform" and one.prefix == "active" and plan.root_budget(one) == 5
-    plan, one = single_prompt_plan(1, get_method("grpo"), 2)
-    assert plan.root_budget(one) == 1 and plan.branch_factor == 0
+    assert (plan.prompts, plan.rollouts_per_prompt, plan.branch_factor, plan.pool_factor) == (1, 15, 2, 1)
+    plan, one = single_prompt_plan(1, _config("grpo", 2))
+    assert plan.root_budget(one) == 1 and plan.branch_factor == 0 and plan.max_per_prompt == 2
     with pytest.raises(ValueError, match="at least one root"):
-        asyncio.run(grow_prompt_tree("u", None, 0, _opener(), build_predictor("history"), one, 0, 0, 0))
+        asyncio.run(grow_prompt_tree("u", None, 0, _opener(), _predictor("history"), _config("grpo", 0), 0, 0))
 
 
-@pytest.mark.parametrize("name", ["light_text", "history"])
+@pytest.mark.parametrize("name", ["light", "history"])
 def test_predictor_weights_travel_as_bytes(name):
     trees = []
     for i in range(6):
@@ -99,22 +109,24 @@ def test_predictor_weights_travel_as_bytes(name):
                 {"question": f"q {i} {'7' * i}"},
                 4,
                 _opener(),
-                build_predictor(name),
-                get_method("trace"),
-                1,
+                _predictor(name),
+                _config("trace", 1),
                 seed=i,
                 step=0,
             )
         )
         trees.append(tree)
-    src = build_predictor(name, seed=1)
+    src = _predictor(name, seed=1)
     examples, targets = training_examples(trees, 0.5, np.random.default_rng(0))
     src.update(examples, targets)
-    dst = build_predictor(name, seed=1)
+    dst = _predictor(name, seed=1)
     prefixes = [(t, t.root_id) for t in trees]
     assert not np.allclose(dst.predict(prefixes), src.predict(prefixes))
     load_bytes(dst, to_bytes(src))
     assert np.allclose(dst.predict(prefixes), src.predict(prefixes))
-    assert shared_predictor(name, 9) is shared_predictor(name, 9)
-    with pytest.raises(ValueError, match="unknown trace_rl.predictor"):
-        build_predictor("oracle")
+    config = TraceConfig(predictor=PredictorSettings(name))
+    assert shared_predictor(config, 9) is shared_predictor(config, 9)
+    assert shared_predictor(config, 9) is not shared_predictor(config, 8)
+    # the method's own V~ first, as on the command line: Knapsack RL reads a reward history whatever the kind
+    knapsack = shared_predictor(TraceConfig("knapsack_rl", predictor=PredictorSettings(name)), 9)
+    assert type(knapsack).__name__ == "RewardHistoryPredictor"

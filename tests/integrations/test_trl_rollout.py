@@ -46,9 +46,9 @@ def prompts(count: int, g: int) -> list[str]:
     return [json.dumps(t) for t in make_tasks(count, seed=1, steps=(2, 3)) for _ in range(g)]
 
 
-@pytest.mark.parametrize("method", ["trace", "grpo"])
-def test_one_row_per_received_prompt_with_the_leaves_and_their_tree_advantages(method):
-    fn = rollout_func(method)
+@pytest.mark.parametrize("method,weighting", [("trace", "first"), ("trace", "split"), ("grpo", "first")])
+def test_one_row_per_received_prompt_with_the_leaves_and_their_tree_advantages(method, weighting):
+    fn = rollout_func(method, weighting=weighting)
     out = fn(prompts(4, 4), stand_in(4))
     assert set(REQUIRED) <= set(out) and "env_mask" in out
     assert all(len(v) == 16 for v in out.values())
@@ -56,7 +56,7 @@ def test_one_row_per_received_prompt_with_the_leaves_and_their_tree_advantages(m
         assert len(ids) == len(lp) == len(mask) > 0
     real = [r for r in fn.last_rows if r is not None]
     assert len(real) + fn.last_result.unspent_prefix_budget == 16
-    want = batch_rows(fn.last_result.active, get_adv(method))
+    want = batch_rows(fn.last_result.active, get_adv(method), weighting)
     assert [r.leaf_id for r in real] == [w.leaf_id for w in want]
     for adv, row, mask in zip(fn.last_advantages, fn.last_rows, out["env_mask"]):
         if row is None:  # filler: nothing to learn
@@ -66,8 +66,9 @@ def test_one_row_per_received_prompt_with_the_leaves_and_their_tree_advantages(m
     assert tree_reward(out["completion_ids"], out["trace_reward"]) == [float(r) for r in out["trace_reward"]]
     rewards = [r for r, row in zip(out["trace_reward"], fn.last_rows) if row]
     assert set(rewards) <= {0.0, 1.0}
-    if method == "trace":
-        assert any(r.weights[0] < 1 for r in real)  # shared prefixes were split across leaves
+    if method == "trace":  # a shared prefix counts once: 1/k on each copy (split), or all on its first (first)
+        assert any(r.weights[0] < 1 for r in real)
+        assert any(r.weights[0] == 0 for r in real) == (weighting == "first")
 
 
 def get_adv(method):
@@ -134,6 +135,38 @@ def test_contract_violations_are_refused():
     shuffled[1], shuffled[4] = shuffled[4], shuffled[1]
     with pytest.raises(ValueError, match="in a row"):
         fn(shuffled, stand_in(4))
+
+
+def test_keyword_arguments_are_the_one_trace_configuration():
+    from trace_rl.methods import BudgetPlan
+    from trace_rl.trace_config import PredictorSettings, TraceConfig
+
+    fn = rollout_func(advantage="grpo", budget={"branch_factor": 2, "max_per_prompt": 6}, predictor={"kind": "history"})
+    want = TraceConfig(
+        "trace", "grpo", BudgetPlan(branch_factor=2, max_per_prompt=6), PredictorSettings("history"), "first"
+    )
+    assert fn.config == want and type(fn.predictor).__name__ == "RewardHistoryPredictor"
+    assert rollout_func(budget=BudgetPlan(branch_factor=3)).config.budget.branch_factor == 3
+    assert rollout_func().config == TraceConfig()  # the command line's defaults
+    assert fn.config.batch_plan(4, 4) == BudgetPlan(4, 4, 2, 1, 6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, names",
+    [
+        ({"estimator": "grpo"}, "advantage="),
+        ({"branch_factor": 2}, "budget={'branch_factor': ...}"),
+        ({"max_per_prompt": 4}, "budget={'max_per_prompt': ...}"),
+        ({"budget": {"rollouts_per_prompt": 4}}, "num_generations"),
+        ({"predictor": {"kind": "light_text"}}, "'light'"),
+        ({"method": "trace_oracle"}, "exact V"),
+        ({"weighting": "half"}, "TraceRolloutFunc.weighting must be one of"),
+    ],
+)
+def test_an_old_or_bad_keyword_is_one_line_naming_the_new_one(kwargs, names):
+    with pytest.raises((TypeError, ValueError)) as err:
+        rollout_func(**kwargs)
+    assert names in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 def test_filler_rows_top_up_a_short_step():

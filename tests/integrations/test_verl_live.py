@@ -39,8 +39,10 @@ from trace_rl.integrations.verl import worker as worker_mod  # noqa: E402
 from trace_rl.integrations.verl.advantage import leaf_record, token_advantages  # noqa: E402
 from trace_rl.integrations.verl.budgets import TraceSettings, expected_rows  # noqa: E402
 from trace_rl.integrations.verl.loop import TraceToolAgentLoop  # noqa: E402
-from trace_rl.integrations.verl.predictor_state import build_predictor  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
+from trace_rl.methods import BudgetPlan, get_method  # noqa: E402
+from trace_rl.predictors.build import build_predictor  # noqa: E402
+from trace_rl.trace_config import PredictorSettings, TraceConfig  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TOK = byte_tokenizer()
@@ -83,7 +85,7 @@ CONFIG = {
         }
     },
     "data": {"apply_chat_template_kwargs": {}, "mm_processor_kwargs": {}},
-    "trace_rl": {"method": "trace", "branch_factor": 1, "max_per_prompt": 8},
+    "trace_rl": {"method": "trace", "budget": {"branch_factor": 1, "max_per_prompt": 8}},
 }
 
 
@@ -171,7 +173,7 @@ def _worker(monkeypatch, server, recorder):
     w = object.__new__(worker_mod._TraceAgentLoopWorker)
     w.config = OmegaConf.create(CONFIG)
     w.trace = TraceSettings.from_config(w.config.trace_rl)
-    w.predictor = build_predictor("light_text")
+    w.predictor = build_predictor(PredictorSettings(), get_method("trace"), 0)
     w.llm_client, w.tokenizer, w.processor, w.hf_model_type, w.dataset_cls = server, TOK, None, None, None
     w.tools = [CALC]
 
@@ -238,7 +240,7 @@ def test_worker_reports_failure_and_leaves_validation_to_verl(monkeypatch):
     async def flat(self, prompt, sampling_params, trajectory, trace=False):
         seen.append(prompt["uid"])
 
-    monkeypatch.setattr(worker_mod.AgentLoopWorkerTQ.__ray_actor_class__, "_run_prompt", flat)
+    monkeypatch.setattr(worker_mod.compat.AgentLoopWorkerBase, "_run_prompt", flat)
     asyncio.run(w._run_prompt(dict(prompt), {}, {"step": 1, "validate": True}))
     asyncio.run(w._run_prompt({**prompt, "agent_name": "tool_agent"}, {}, {"step": 1, "validate": False}))
     assert seen == ["u-8", "u-8"]
@@ -246,8 +248,8 @@ def test_worker_reports_failure_and_leaves_validation_to_verl(monkeypatch):
 
 def test_manager_writes_root_counts_that_keep_batch_times_n():
     m = object.__new__(manager_mod.TraceAgentLoopManager)
-    m.trace = TraceSettings(method="trace", branch_factor=1, max_per_prompt=8)
-    m.predictor = build_predictor("light_text")
+    m.trace = TraceSettings(TraceConfig("trace", budget=BudgetPlan(branch_factor=1, max_per_prompt=8)))
+    m.predictor = build_predictor(PredictorSettings(), get_method("trace"), 0)
     m.rollout_config = OmegaConf.create({"n": 4})
     questions = ["2+3?", "1234*5678-91011?", "7?", "(12+34)*(56-7)?", "9-9?", "100/4?"]
     batch = tu.get_tensordict(
@@ -305,14 +307,16 @@ def test_trainer_overwrites_tree_rows_and_updates_the_predictor(monkeypatch, tre
     monkeypatch.setattr(trainer_mod.PPOTrainerSync.__mro__[1], "_compute_advantage", lambda self, b, m: b)
     monkeypatch.setattr(trainer_mod.PPOTrainerSync, "on_step_end", lambda self: None)
     t = object.__new__(trainer_mod.TraceTrainer)
-    t.trace, t.predictor, t._step_trees, t.global_steps = TraceSettings(), build_predictor("light_text"), [], 1
+    t.trace, t._step_trees, t.global_steps = TraceSettings(), [], 1
+    t.predictor = build_predictor(PredictorSettings(), get_method("trace"), 0)
     metrics = {}
     monkeypatch.setenv("TRACE_SANDBOX", "weak")  # the weaker tool mode, chosen explicitly, shows in the metrics
     t._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics)
     assert metrics["trace/sandbox_weak"] == 1.0
     recs = [store[k]["extra_fields"]["trace"] for k in keys[:-1]]
     rewards = [float(store[k]["rm_scores"].sum()) for k in keys[:-1]]
-    want, _ = token_advantages(recs, rewards, [len(store[k]["response_mask"]) for k in keys[:-1]])
+    lengths = [len(store[k]["response_mask"]) for k in keys[:-1]]
+    want, _ = token_advantages(recs, rewards, lengths, weighting=t.trace.config.weighting)
     got = list(put["fields"]["advantages"].unbind())
     assert len(got) == len(keys)
     for g, w in zip(got, want):
@@ -421,7 +425,8 @@ def test_the_launch_script_overrides_compose_against_verls_config():
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop in _agent_loop_registry
     settings = TraceSettings.from_config(cfg[CONFIG_KEY])
     assert (cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n) % (1 + settings.branch_factor) == 0
-    assert settings.max_per_prompt >= cfg.actor_rollout_ref.rollout.n
+    assert settings.config.budget.max_per_prompt >= cfg.actor_rollout_ref.rollout.n
+    assert settings.config.weighting == "split" and settings.config.predictor.kind == "light"
     assert cfg.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
 
 
@@ -430,7 +435,7 @@ def test_manager_constructor_installs_the_tree_worker_and_refuses_unbatchable_bu
     cfg.actor_rollout_ref.model = {"path": "unused"}
     m = manager_mod.TraceAgentLoopManager(cfg, llm_client=None)  # no Ray call before create()'s worker start
     assert m.agent_loop_workers_class is worker_mod.TraceAgentLoopWorker
-    assert m.predictor is trainer_mod.shared_predictor("light_text", 0)  # the object the trainer updates
+    assert m.predictor is trainer_mod.shared_predictor(TraceConfig(), 0)  # the object the trainer updates
     cfg.actor_rollout_ref.rollout.n = 3
     cfg.data.train_batch_size = 3
     with pytest.raises(ValueError, match="divide"):

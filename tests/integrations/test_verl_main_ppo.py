@@ -56,7 +56,7 @@ def test_main_ppo_with_the_plugin_runs_up_to_verls_gpu_check(tmp_path):
             "data.max_response_length": "64",
             "actor_rollout_ref.actor.ppo_mini_batch_size": "2",
             "actor_rollout_ref.rollout.n": "2",
-            "+trace_rl.max_per_prompt": "4",
+            "+trace_rl.budget.max_per_prompt": "4",
             "trainer.n_gpus_per_node": "1",
             "trainer.logger": "[console]",
             "trainer.default_local_dir": str(tmp_path / "ckpt"),

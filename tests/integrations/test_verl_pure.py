@@ -17,13 +17,20 @@ from trace_rl.integrations.verl.advantage import (
 from trace_rl.integrations.verl.budgets import TraceSettings, expected_rows, prompt_text, prompt_trees, root_counts
 from trace_rl.methods import BudgetPlan, allocate_method_roots, get_method
 from trace_rl.seeding import derive_seed
+from trace_rl.trace_config import PredictorSettings, TraceConfig
 from trace_rl.tree import RolloutTree
+
+
+def settings_of(method="trace", branch=1, max_per_prompt=8, seed=0) -> TraceSettings:
+    return TraceSettings(
+        TraceConfig(method, budget=BudgetPlan(branch_factor=branch, max_per_prompt=max_per_prompt)), seed
+    )
 
 
 @pytest.mark.parametrize("method,branch", [("trace", 1), ("trace", 3), ("grpo", 1), ("pcl", 0), ("tree_grpo", 1)])
 def test_root_counts_keep_batch_times_n_rows(method, branch):
     rng = np.random.default_rng(0)
-    settings = TraceSettings(method=method, branch_factor=branch, max_per_prompt=16)
+    settings = settings_of(method, branch, 16)
     for _ in range(20):
         v = rng.random(8)
         counts = root_counts(v, 8, settings, step=3)
@@ -33,7 +40,7 @@ def test_root_counts_keep_batch_times_n_rows(method, branch):
 
 
 def test_root_counts_are_the_core_engine_allocation():
-    settings = TraceSettings(method="trace", branch_factor=1, max_per_prompt=8, seed=5)
+    settings = settings_of("trace", 1, 8, seed=5)
     v = np.linspace(0.05, 0.95, 12)
     plan = BudgetPlan(prompts=12, rollouts_per_prompt=4, branch_factor=1, pool_factor=1, max_per_prompt=8)
     want = allocate_method_roots(get_method("trace"), v, plan, seed=derive_seed(5, "roots", 2))
@@ -45,20 +52,49 @@ def test_root_counts_are_the_core_engine_allocation():
 
 def test_root_counts_refuse_budgets_verl_cannot_batch():
     with pytest.raises(ValueError, match="divide"):
-        root_counts(np.full(3, 0.5), 3, TraceSettings(branch_factor=1))  # 9 rows, (1 + 1) does not divide
-    with pytest.raises(ValueError, match="max_per_prompt"):
-        root_counts(np.full(2, 0.5), 16, TraceSettings(branch_factor=0, method="trace_root_only", max_per_prompt=4))
+        root_counts(np.full(3, 0.5), 3, settings_of(branch=1))  # 9 rows, (1 + 1) does not divide
+    with pytest.raises(ValueError, match="budget.max_per_prompt"):
+        root_counts(np.full(2, 0.5), 16, settings_of("trace_root_only", 0, 4))
 
 
-def test_settings_from_config_reject_unknown_keys_and_methods():
-    assert TraceSettings.from_config({"method": "trace", "branch_factor": 2}).branch_factor == 2
+def test_settings_from_config_take_the_command_line_names_and_refuse_unknown_keys_and_methods():
+    got = TraceSettings.from_config({"method": "trace", "budget": {"branch_factor": 2}, "seed": 4})
+    assert got.branch_factor == 2 and got.seed == 4 and got.config.budget.max_per_prompt == BudgetPlan.max_per_prompt
     assert TraceSettings.from_config(None) == TraceSettings()
-    with pytest.raises(ValueError, match="unknown trace settings"):
+    both = TraceSettings.from_config({"predictor": {"kind": "history", "prefix_share": 0.25}, "advantage": "grpo"})
+    assert both.config.predictor == PredictorSettings("history", 0.25) and both.advantage == "grpo"
+    with pytest.raises(ValueError, match=r"trace_rl\.branchfactor: unknown setting"):
         TraceSettings.from_config({"branchfactor": 2})
-    with pytest.raises(ValueError, match="unknown method"):
-        TraceSettings(method="nope")
-    assert TraceSettings(method="tree_grpo").advantage == "tree_grpo"
-    assert TraceSettings(method="tree_grpo", estimator="trace").advantage == "trace"
+    with pytest.raises(ValueError, match="unknown 'nope'"):
+        TraceSettings.from_config({"method": "nope"})
+    with pytest.raises(ValueError, match="exact V"):
+        TraceSettings.from_config({"method": "trace_oracle"})
+    assert TraceSettings(TraceConfig("tree_grpo")).advantage == "tree_grpo"
+    assert TraceSettings(TraceConfig("tree_grpo", advantage="trace")).advantage == "trace"
+
+
+@pytest.mark.parametrize(
+    "block, names",
+    [
+        ({"estimator": "trace"}, "trace_rl.advantage"),
+        ({"branch_factor": 2}, "trace_rl.budget.branch_factor"),
+        ({"max_per_prompt": 16}, "trace_rl.budget.max_per_prompt"),
+        ({"prefix_share": 0.1}, "trace_rl.predictor.prefix_share"),
+        ({"predictor": "light_text"}, "trace_rl.predictor.kind"),
+        ({"predictor": {"kind": "light_text"}}, "light"),
+        ({"budget": {"prompts": 4}}, "data.train_batch_size"),
+        ({"budget": {"rollouts_per_prompt": 4}}, "rollout.n"),
+        ({"predictor": {"kind": "smollm2-135m"}}, "trace_rl.predictor.kind"),
+        ({"predictor": {"prefix_share": 1.5}}, "trace_rl.predictor.prefix_share must be in [0, 1)"),
+        ({"weighting": "half"}, "trace_rl.weighting must be one of"),
+        ({"budget": {"max_per_prompt": 1}}, "trace_rl.budget.max_per_prompt must be >= 2"),
+    ],
+)
+def test_an_old_or_bad_verl_key_is_one_line_naming_the_key_to_set(block, names):
+    """A YAML written for the names before one configuration never silently changes meaning."""
+    with pytest.raises(ValueError) as err:
+        TraceSettings.from_config(block)
+    assert names in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 def test_prompt_text_reads_the_last_user_message():

@@ -19,6 +19,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from ..trace_config import check_prefix_share
 from ..tree import RolloutTree
 
 Prefix = tuple[RolloutTree, str]
@@ -43,8 +44,7 @@ def training_examples(
 ) -> tuple[list[Prefix], np.ndarray]:
     """Roots and branched anchors with unbiased targets (see the module docstring), prefixes kept at about
     `prefix_share` of the examples."""
-    if not 0.0 <= prefix_share < 1.0:
-        raise ValueError(f"prefix_share must be in [0, 1), got {prefix_share}")
+    check_prefix_share(prefix_share)
     roots, inner = [], []  # (prefix, target)
     for tree in trees:
         for node in tree.nodes.values():

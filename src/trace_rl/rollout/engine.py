@@ -30,6 +30,7 @@ from ..methods import BudgetPlan, Method, allocate_method_roots
 from ..predictors.base import Predictor, training_examples
 from ..predictors.flip import FlipCalibrator, flip_observations
 from ..seeding import derive_rng, derive_seed
+from ..trace_config import PREFIX_SHARE, check_prefix_share
 from ..tree import RolloutTree
 from .grow import TIMERS, Actor, Clock, PromptJob, PromptResult, StepContext, grow_prompt
 
@@ -78,15 +79,20 @@ class LocalExecutor:
 EXECUTORS = ("local", "ray")
 
 
+def check_executor(kind: str, key: str = "executor") -> None:
+    """The one check of an executor name (every command's `executor` setting)."""
+    if kind not in EXECUTORS:
+        raise ValueError(f"{key} must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+
+
 def make_executor(kind: str, ray_config=None):
     """The executor named by `kind`: local (asyncio tasks in this process) or ray (a pool of Ray workers)."""
+    check_executor(kind)
     if kind == "local":
         return LocalExecutor()
-    if kind == "ray":
-        from .ray_executor import RayExecutor
+    from .ray_executor import RayExecutor
 
-        return RayExecutor(ray_config)
-    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+    return RayExecutor(ray_config)
 
 
 class TreeRolloutEngine:
@@ -98,13 +104,12 @@ class TreeRolloutEngine:
         predictor: Predictor,
         plan: BudgetPlan,
         seed: int = 0,
-        prefix_share: float = 0.5,
+        prefix_share: float = PREFIX_SHARE,
         update_predictor: bool = True,
         executor=None,
         flip_model: FlipCalibrator | None = None,
     ):
-        if not 0.0 <= prefix_share < 1.0:
-            raise ValueError(f"prefix_share must be in [0, 1), got {prefix_share}")
+        check_prefix_share(prefix_share)
         self.actor, self.predictor, self.plan, self.seed = actor, predictor, plan, seed
         self.prefix_share, self.update_predictor = prefix_share, update_predictor
         self.executor = executor or LocalExecutor()

@@ -12,23 +12,24 @@ Backends (`policy.backend`):
   loaded here. The server's weights cannot be changed from here, so `train` refuses it (its config check)
   and `rollout`/`eval` use it as a frozen policy.
 `PolicyStack.sync_weights()` is the one weight-sync call; the trainer makes it after every update.
+`probe_policy` holds the policy's probes (server, model), which the command line runs once per command; the
+predictor comes from the one predictor builder, `predictors.build.build_predictor` (re-exported here).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ..backends.base import PolicyBackend, SamplingParams
 from ..envs.registry import EnvSpec
-from ..errors import ConfigError, MissingFileError
-from ..methods import BudgetPlan, Method
-from ..predictors import training_examples
+from ..errors import ConfigError
+from ..methods import BudgetPlan
+from ..predictors.build import build_predictor  # noqa: F401 - the one predictor builder; the commands import it here
 from ..predictors.flip import make_flip_model
 from ..rollout.engine import TreeRolloutEngine
 from ..rollout.lm_actor import LMActor
-from ..seeding import derive_rng
-from .config import EngineConfig, LMPolicyConfig, LMPredictorConfig
+from .config import EngineConfig, LMPolicyConfig, served_models
 from .env_config import LMEnvConfig
 
 
@@ -59,6 +60,25 @@ class PolicyStack:
         close = getattr(self.backend, "close", None)
         if close is not None:
             close()
+
+
+def probe_policy(cfg: LMPolicyConfig) -> None:
+    """The policy's probes, run once when a command starts (the settings themselves are plain data): with
+    backend=server, a short request to /v1/models (the server answers and serves `model`); the model can load
+    here (`lm.models.check_model`: local, cached, or a hub that answers). One line naming the key otherwise."""
+    from ..lm.models import check_model
+
+    if cfg.backend == "server":
+        try:
+            served = served_models(cfg.server_url)
+        except ValueError as err:
+            raise ConfigError(f"policy.{err}") from None
+        if served and cfg.model not in served:
+            raise ConfigError(f"policy.model: the server at {cfg.server_url} serves {served}, not {cfg.model!r}")
+    try:
+        check_model(cfg.model, weights=cfg.backend != "server")
+    except ValueError as err:
+        raise ConfigError(f"policy.{err}") from None
 
 
 def build_policy(
@@ -108,37 +128,6 @@ def build_policy(
             raise ConfigError(f"policy.server_url: {err}") from None
         return PolicyStack(backend, tok, None, shares_model=False)
     raise ConfigError(f"policy.backend: unknown {cfg.backend!r}")
-
-
-def build_predictor(cfg: LMPredictorConfig, method: Method, seed: int, warmup: Sequence = ()):
-    """A fresh predictor for one method: reward history for Knapsack RL, VIP's Gaussian process for VIP, else the
-    configured V~, fitted on the `warmup` trees first (every method's predictor sees the same ones)."""
-    from ..predictors.history import RewardHistoryPredictor
-    from ..predictors.text import light_text_predictor
-
-    if method.predictor == "history":
-        pred = RewardHistoryPredictor()
-    elif method.predictor == "gp":
-        from ..predictors.embedders import HashedPromptEmbedder, MiniLMEmbedder
-        from ..predictors.gp import GaussianProcessPredictor
-
-        if cfg.gp_encoder == "hashed":
-            embed = HashedPromptEmbedder()
-        else:
-            try:
-                embed = MiniLMEmbedder()
-            except MissingFileError as err:
-                raise ConfigError(f"predictor.gp_encoder: {err}; or predictor.gp_encoder=hashed (not VIP's)") from None
-        pred = GaussianProcessPredictor(embed)
-    elif cfg.kind == "light":
-        pred = light_text_predictor(seed=seed)
-    else:
-        from ..predictors.lm_critic import LMCritic
-
-        pred = LMCritic(cfg.kind, lr=cfg.critic_lr, epochs=cfg.critic_epochs, seed=seed)
-    if warmup:
-        pred.update(*training_examples(list(warmup), cfg.prefix_share, derive_rng(seed, "warmup")))
-    return pred
 
 
 def build_actor(policy: PolicyStack, spec: EnvSpec, params: SamplingParams, engine: EngineConfig) -> LMActor:

@@ -5,11 +5,16 @@ The env group (`LMEnvConfig`: `env.name` and the chosen environment's own group 
 
 `rollout`, `train`, `compare`, `eval` and `sft` take these same dataclasses, so a key is spelled, defaulted
 and checked once; `rollout` and `train` (and so `compare`) inherit them all, with the executor and the budget,
-from `LMRunConfig`. Each `__post_init__` refuses a bad value before any work, with one line that names the key
-(the config loader adds the group): a device that is not here, a backend that is not installed, a server that
-does not answer a short probe, a model that is neither local, cached nor reachable, a retriever URL that is not
-http(s), a warm-start file that holds no trees. The probes are short (a few seconds at most) and run once, when
-the command's config is built.
+from `LMRunConfig`. TRACE's own settings among them (the budget, `predictor.kind`, `predictor.prefix_share`)
+take their defaults and checks from `trace_config`, the one TRACE configuration that verl and TRL read too.
+Each `__post_init__` refuses a bad value before any work, with one line that names the key (the config loader
+adds the group): a device that is not here, a backend that is not installed, a server URL that is not http(s),
+a retriever URL that is not http(s).
+
+The settings are plain data: building them asks no server and no hub and reads no trees file, so `--help`,
+`compare`'s per-run configs and a config.yaml read back never probe. The probes run once, when a command
+starts (`stack.build.probe_policy`: the server answers and serves `model`; the model can load), and the
+warm-start trees are read once, by the command (`LMPredictorConfig.warmup_trees`).
 
 Nothing here imports torch, except to resolve `policy.device=auto` (cuda where torch sees one, else cpu), which is
 done once, here, so config.yaml records the device the run used.
@@ -27,11 +32,13 @@ from pathlib import Path
 from ..backends.base import SamplingParams
 from ..errors import ConfigError
 from ..methods import BudgetPlan
+from ..predictors.build import CRITIC_EPOCHS, CRITIC_LR, GP_ENCODERS
 from ..predictors.flip import FLIP_MODELS
-from ..rollout.engine import EXECUTORS
+from ..rollout.engine import check_executor
 from ..rollout.lm_actor import BATCHING
 from ..rollout.ray_executor import RayConfig
 from ..seeding import check_seed  # noqa: F401 - the commands' configs import it from here
+from ..trace_config import PredictorSettings, check_predictor_kind, check_prefix_share
 from .env_config import LMEnvConfig, env_config  # noqa: F401 - the env group lives apart; imported from here
 
 BACKENDS = ("hf", "vllm", "server")
@@ -159,33 +166,26 @@ class LMPolicyConfig:
         if self.backend == "server":
             if not self.server_url.startswith(("http://", "https://")):
                 raise ValueError(f"server_url: backend=server needs an http(s) URL, got {self.server_url!r}")
-            served = served_models(self.server_url)
-            if served and self.model not in served:
-                raise ValueError(f"model: the server at {self.server_url} serves {served}, not {self.model!r}")
         elif self.server_url:
             raise ValueError(f"server_url: only backend=server reads it (backend is {self.backend})")
         if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
             raise ValueError("backend: vllm is not installed here (pip install 'trace-rl[vllm]'), use backend=hf")
-        from ..lm.models import check_model
-
-        check_model(self.model, weights=self.backend != "server")
+        # whether the server answers and the model can load are probes: stack.build.probe_policy, once per command
 
     def sampling(self, env_default: int) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_p, self.max_new_tokens or env_default)
-
-
-GP_ENCODERS = ("all-minilm-l6-v2", "hashed")  # predictors.embedders: MiniLMEmbedder, HashedPromptEmbedder
 
 
 @dataclass
 class LMPredictorConfig:
     """The success predictor V~ that every method's allocator reads."""
 
-    kind: str = "light"  # 'light' (hashed n-grams + logistic, CPU) or an LM critic backbone (name, path, hub id)
-    prefix_share: float = 0.5  # share of prefix examples in a predictor batch
+    # the defaults of kind and prefix_share are TRACE's one configuration's (trace_config.PredictorSettings)
+    kind: str = PredictorSettings.kind  # light (hashed n-grams + logistic) | history | an LM critic (name, path, id)
+    prefix_share: float = PredictorSettings.prefix_share  # share of prefix examples in a predictor batch
     warmup: str = ""  # trees file to fit every predictor on before step 1 (e.g. the sft report's trees)
-    critic_lr: float = 3e-3  # learning rate of the LM critic's head
-    critic_epochs: int = 4  # passes of the LM critic over each step's examples
+    critic_lr: float = CRITIC_LR  # learning rate of the LM critic's head
+    critic_epochs: int = CRITIC_EPOCHS  # passes of the LM critic over each step's examples
     gp_encoder: str = "all-minilm-l6-v2"  # VIP's prompt embeddings (method vip): all-minilm-l6-v2 (upstream's) | hashed
     # raw: q = r(1 - V~) + (1 - r)V~; calibrated: a layer fitted online on the flips continuations realised, per
     # bare outcome and depth (predictors/flip.py)
@@ -194,24 +194,22 @@ class LMPredictorConfig:
     def __post_init__(self):
         if self.gp_encoder not in GP_ENCODERS:
             raise ValueError(f"gp_encoder: {self.gp_encoder!r} is not one of {', '.join(GP_ENCODERS)}")
-        if not 0.0 <= self.prefix_share < 1.0:
-            raise ValueError(f"prefix_share must be in [0, 1), got {self.prefix_share}")
+        check_prefix_share(self.prefix_share)
         if self.flip_model not in FLIP_MODELS:
             raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {self.flip_model!r}")
-        if self.warmup:
-            self.warmup_trees()  # parsed now, so a bad file stops the command before any work
-        if self.kind != "light":
-            from ..lm.models import MINILM, SMOLLM2
+        from ..lm.models import MINILM, SMOLLM2
 
-            if self.kind not in (MINILM, SMOLLM2) and not Path(self.kind).exists() and self.kind.count("/") != 1:
-                raise ValueError(
-                    f"kind: {self.kind!r} is not 'light', {MINILM}, {SMOLLM2}, an existing path or a hub id (org/name)"
-                )
+        check_predictor_kind(self.kind, critics=(MINILM, SMOLLM2))
         if not self.critic_lr > 0 or self.critic_epochs < 1:
             raise ValueError("critic_lr must be > 0 and critic_epochs >= 1")
 
+    def settings(self) -> PredictorSettings:
+        """This group's part of TRACE's one configuration."""
+        return PredictorSettings(self.kind, self.prefix_share)
+
     def warmup_trees(self) -> list:
-        """The trees of `warmup` ([] when unset); one line naming `warmup` for a missing, unreadable or empty file."""
+        """The trees of `warmup` ([] when unset), read when a command asks (once per run: the config does not read
+        them); one line naming `predictor.warmup` for a missing, unreadable or empty file."""
         if not self.warmup:
             return []
         from ..tree import load_trees
@@ -261,15 +259,4 @@ class LMRunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
-
-
-def check_methods(methods: list[str], known, key: str = "methods") -> None:
-    """A non-empty list of known, distinct method names (a repeat would run, and be reported, twice)."""
-    unknown = [m for m in methods if m not in known]
-    if unknown or not methods:
-        raise ValueError(f"{key}: unknown {unknown or 'none given'}; choose from {', '.join(known)}")
-    repeated = sorted({m for m in methods if methods.count(m) > 1})
-    if repeated:
-        raise ValueError(f"{key}: {', '.join(repeated)} given more than once")
+        check_executor(self.executor)

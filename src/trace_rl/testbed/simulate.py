@@ -25,15 +25,16 @@ from typing import Optional
 import numpy as np
 
 from ..advantages import batch_advantages
-from ..methods import METHODS, BudgetPlan, Method, get_method
+from ..methods import BudgetPlan, Method, get_method
 from ..paths import turn_rows
 from ..predictors import RewardHistoryPredictor
 from ..predictors.diagnostics import node_records
 from ..predictors.flip import FLIP_MODELS, make_flip_model
-from ..rollout.engine import EXECUTORS, TreeRolloutEngine, make_executor
+from ..rollout.engine import TreeRolloutEngine, check_executor, make_executor
 from ..rollout.ray_executor import RayConfig
 from ..rollout.records import MetricsWriter, read_metrics, step_record
 from ..seeding import derive_rng
+from ..trace_config import PREFIX_SHARE, check_methods, check_prefix_share
 from ..tree import save_trees
 from .actor import TestbedActor
 from .env import TestbedConfig, TestbedTask, make_tasks
@@ -61,14 +62,13 @@ class TestbedPredictorConfig:
     __test__ = False
 
     lr: float = 0.2  # Adam step size
-    prefix_share: float = 0.5  # share of prefix examples in a predictor batch (paper: ~6%; see docs)
+    prefix_share: float = PREFIX_SHARE  # share of prefix examples in a predictor batch (paper: ~6%; see docs)
     flip_model: str = "raw"  # stage 2's flip probability: raw (from V~) | calibrated (predictors/flip.py)
 
     def __post_init__(self):
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0.0 <= self.prefix_share < 1.0:
-            raise ValueError(f"prefix_share must be in [0, 1), got {self.prefix_share}")
+        check_prefix_share(self.prefix_share)
         if self.flip_model not in FLIP_MODELS:
             raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {self.flip_model!r}")
 
@@ -121,9 +121,7 @@ class SimulateConfig:
             self.env = replace(self.env, difficulty_mix=tuple(values["env.difficulty_mix"]))
         if self.methods is None:
             self.methods = list(ABLATION_METHODS if self.ablation else DEFAULT_METHODS)
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown or not self.methods:
-            raise ValueError(f"methods: unknown {unknown or 'none given'}; choose from {', '.join(METHODS)}")
+        check_methods(self.methods)
         for name in ("steps", "eval_every", "train_tasks", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -131,8 +129,7 @@ class SimulateConfig:
             raise ValueError(f"save_trees_every must be >= 0, got {self.save_trees_every}")
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
+        check_executor(self.executor)
         if self.env.seed != 0:  # each run sets the family's seed to its own (`seed`, `seeds`)
             raise ValueError(
                 f"env.seed: the task family follows the run's seed; set seed= or seeds=, not {self.env.seed}"

@@ -47,13 +47,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..advantages import ADVANTAGES
 from ..lm.warm_start import is_tiny
 from ..methods import METHODS
 from ..rollout.records import format_table, read_metrics
 from ..stack.config import check_seed
 from ..stack.env_config import upgrade_run_settings
 from ..stats import cost_to_target_ci, mean_ci, paired_bootstrap_ci
+from ..trace_config import check_advantage, check_methods
 from .checkpoint import checkpoints, setting_differences
 from .trainer import TrainConfig, train
 
@@ -98,13 +98,10 @@ class CompareConfig:
     }
 
     def __post_init__(self):
-        allowed = [m for m in METHODS if METHODS[m].predictor != "oracle"]
-        unknown = [m for m in self.methods if parse_method(m)[0] not in allowed]
-        if unknown or not self.methods:
-            raise ValueError(f"methods: unknown {unknown or 'none given'}; choose from {', '.join(allowed)}")
-        bad = [m for m in self.methods if parse_method(m)[1] and parse_method(m)[1] not in ADVANTAGES]
-        if bad:
-            raise ValueError(f"methods: unknown advantage in {bad}; after ':' choose from {', '.join(ADVANTAGES)}")
+        # each entry is a method and, after ':', an advantage: TRACE's one check of each (trace_config)
+        check_methods(list(dict.fromkeys(parse_method(m)[0] for m in self.methods)), oracle=False)
+        for spec in self.methods:
+            check_advantage(parse_method(spec)[1], key="methods (the advantage after ':')")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods: {self.methods} lists a method twice")
         if not self.seeds:

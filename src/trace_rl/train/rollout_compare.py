@@ -13,13 +13,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..methods import METHODS, get_method
 from ..predictors.diagnostics import node_records
 from ..rollout.engine import make_executor
 from ..rollout.records import MetricsWriter, step_record
 from ..seeding import derive_seed
 from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
-from ..stack.config import LMRunConfig, check_methods, check_seed
+from ..stack.config import LMRunConfig, check_seed
+from ..trace_config import TraceConfig, check_methods
 from ..tree import save_trees
 
 DEFAULT_METHODS = ("grpo", "pcl", "treepo", "trace_root_only", "trace")
@@ -39,10 +39,7 @@ class RolloutConfig(LMRunConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        oracle = [m for m in self.methods if m in METHODS and METHODS[m].predictor == "oracle"]
-        if oracle:
-            raise ValueError(f"methods: {oracle} need the exact V that only the testbed has (trace-rl simulate)")
-        check_methods(self.methods, [m for m in METHODS if METHODS[m].predictor != "oracle"])
+        check_methods(self.methods, oracle=False)
         check_seed(self.seed)
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
@@ -74,14 +71,15 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
     executor = make_executor(cfg.executor, cfg.ray)
     try:
         for name in cfg.methods:
-            method = get_method(name)
+            trace = TraceConfig(name, budget=cfg.budget, predictor=cfg.predictor.settings())
+            method = trace.method_spec
             actor = build_actor(policy, spec, params, cfg.engine)
             engine = build_engine(
                 actor,
                 build_predictor(cfg.predictor, method, cfg.seed, warmup),
-                cfg.budget,
+                trace.budget,
                 seed=cfg.seed,
-                prefix_share=cfg.predictor.prefix_share,
+                prefix_share=trace.predictor.prefix_share,
                 executor=executor,
                 flip_model=cfg.predictor.flip_model,
             )

@@ -31,15 +31,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..advantages import ADVANTAGES, batch_advantages
+from ..advantages import batch_advantages
 from ..errors import UserError
-from ..methods import METHODS, BudgetPlan, get_method
+from ..methods import BudgetPlan
 from ..rollout.engine import make_executor
 from ..rollout.records import finite_json, keep_records_before, step_record
 from ..safe_read import read_json
 from ..seeding import derive_seed
 from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
 from ..stack.config import LMEnvConfig, LMRunConfig, check_seed, env_config
+from ..trace_config import TraceConfig, check_advantage, check_method
 from .checkpoint import entries, restore, resume_point, run_record, save_checkpoint
 from .loggers import SINKS, StepLogger
 from .update import UpdateConfig, make_optimizer, scheduled_lr, update_policy
@@ -52,8 +53,8 @@ class TrainConfig(LMRunConfig):
     out: str = "runs/train"  # run directory: config.yaml, metrics.jsonl, checkpoints global_step_N/, plots
     seed: int = 0  # one seed reproduces the run
     steps: int = 40  # training steps
-    method: str = "trace"  # how rollouts are allocated (methods.METHODS)
-    advantage: str = ""  # advantage estimator (default: the method's own): trace | grpo | tree_grpo | treepo
+    method: str = TraceConfig.method  # how rollouts are allocated (methods.METHODS)
+    advantage: str = TraceConfig.advantage  # estimator ('': the method's own): trace | grpo | tree_grpo | treepo
     resume: bool = False  # continue from the newest complete checkpoint in out
     eval_every: int = 20  # steps between held-out evaluations (and one at the start and the end)
     eval_tasks: int = 640  # held-out tasks per evaluation (640 x 2: the sampling standard error is below 1 point)
@@ -70,13 +71,8 @@ class TrainConfig(LMRunConfig):
     update: UpdateConfig = field(default_factory=UpdateConfig)
 
     def __post_init__(self):
-        if self.method not in METHODS or METHODS[self.method].predictor == "oracle":
-            raise ValueError(
-                f"method: unknown {self.method!r}; choose from "
-                f"{', '.join(m for m in METHODS if METHODS[m].predictor != 'oracle')}"
-            )
-        if self.advantage and self.advantage not in ADVANTAGES:
-            raise ValueError(f"advantage: unknown {self.advantage!r}; choose from {', '.join(ADVANTAGES)}")
+        check_method(self.method, oracle=False)
+        check_advantage(self.advantage)
         for name in ("steps", "eval_every", "eval_tasks", "eval_samples", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -107,6 +103,12 @@ class TrainConfig(LMRunConfig):
                 "policy.backend: a server's weights cannot be updated from here; train with hf or vllm "
                 "(rollout and eval take backend=server)"
             )
+        self.trace_config()  # TRACE's settings together, through the one check
+
+    def trace_config(self) -> TraceConfig:
+        """This run's TRACE configuration, from the keys the command line names (method, advantage, budget.*,
+        predictor.kind, predictor.prefix_share, update.weighting)."""
+        return TraceConfig(self.method, self.advantage, self.budget, self.predictor.settings(), self.update.weighting)
 
 
 # what a resume may change: where a run writes and how it reports, how long it runs, where it computes; every
@@ -287,7 +289,8 @@ def train(
     model, tok = load_model(cfg.policy.model, device=cfg.policy.device)
     model.train()
     optimizer = make_optimizer(model, cfg.update)
-    method = get_method(cfg.method)
+    trace = cfg.trace_config()
+    method = trace.method_spec
     predictor = build_predictor(cfg.predictor, method, cfg.seed, warmup)
     summary_path = out / "train_summary.json"
     state = {"step": 0, "accuracy_before": None, "rollouts": 0, "pools_digest": ""}
@@ -314,17 +317,17 @@ def train(
     engine = build_engine(
         actor,
         predictor,
-        cfg.budget,
+        trace.budget,
         seed=cfg.seed,
-        prefix_share=cfg.predictor.prefix_share,
+        prefix_share=trace.predictor.prefix_share,
         executor=make_executor(cfg.executor, cfg.ray),
         flip_model=cfg.predictor.flip_model,
     )
     if engine.flip_model is not None and state.get("flip_model"):  # a resumed run's layer, as it was saved
         engine.flip_model.load_state_dict(state["flip_model"])
     held_out = spec.held_out(cfg.eval_tasks, derive_seed(cfg.seed, "held-out"))
-    pool = cfg.budget.pool
-    advantage = cfg.advantage or method.advantage
+    pool = trace.budget.pool
+    advantage = trace.advantage_name
 
     state["held_out_digest"] = task_digest(held_out)
     if start == 0:

@@ -45,6 +45,7 @@ import torch
 
 from ..lm.precision import check_dtype
 from ..paths import check_weighting
+from ..trace_config import TraceConfig
 from ..tree import BRANCH, RolloutTree
 from .losses import AGGREGATIONS, KL_CLAMP, POLICY_LOSSES
 from .packing import PackedBatch, pack_paths, pack_trees, token_logprobs
@@ -84,7 +85,7 @@ class UpdateConfig:
     minibatches: int = 1  # optimizer steps per epoch: the step's trees dealt into this many groups (PPO minibatches)
     packing: str = "tree"  # tree: every tree token encoded once | flat: one row per root-to-leaf path
     tree_attention: str = "auto"  # tree mask kernel: auto (flex on CUDA, else blocks) | blocks | flex | dense
-    weighting: str = "first"  # a turn shared by k leaves: first (once) | leaf (k times, as flat rows) | split (1/k)
+    weighting: str = TraceConfig.weighting  # a turn shared by k leaves: first (once) | leaf (k times) | split (1/k)
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of all weights (needs peft)
     lora_alpha: float = 16.0  # LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)
     lora_targets: tuple[str, ...] = LLAMA_LINEAR  # module names that get adapters

@@ -24,22 +24,60 @@ Limits:
 - Generation uses this project's backends (the HF backend on the trainer's model by default), not TRL's vLLM.
 - Evaluation (`trainer.evaluate()`, model in eval mode) is plain: G independent rollouts per eval prompt, in
   prompt order, no allocation, no branching, and no predictor update (eval prompts must not train it).
+
+Settings: the keyword arguments are TRACE's one configuration (`trace_config.TraceConfig`), with the command
+line's names and defaults: `method`, `advantage`, `budget` (its `branch_factor` and `max_per_prompt`; TRL
+decides the prompts and the group size, and the slice is the pool), `predictor` (`kind`, `prefix_share`; or a
+`Predictor` object of one's own) and `weighting`. The names used before (`estimator`, a flat `branch_factor` or
+`max_per_prompt`) are refused in one line that names the new one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 from ...backends.base import PolicyBackend, SamplingParams
 from ...envs.base import AgentEnv
-from ...methods import BudgetPlan, get_method
+from ...methods import BudgetPlan
 from ...predictors.base import Predictor
-from ...predictors.text import light_text_predictor
+from ...predictors.build import build_predictor
 from ...rollout.engine import StepResult, TreeRolloutEngine
 from ...rollout.lm_actor import LMActor
+from ...trace_config import PredictorSettings, TraceConfig
 from ..rows import PathRow, batch_rows
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
+WHERE = "TraceRolloutFunc"
+# keyword arguments named otherwise before TRACE had one configuration: refused, naming the new one
+RENAMED = {"estimator": "advantage", "branch_factor": "budget.branch_factor", "max_per_prompt": "budget.max_per_prompt"}
+SET_BY_TRL = {
+    "budget.prompts": "the distinct prompts TRL hands over are the pool",
+    "budget.rollouts_per_prompt": "TRL's num_generations sets it",
+    "budget.pool_factor": "the slice TRL hands over is the candidate pool (pool factor 1)",
+}
+
+
+def trace_config(method: str, advantage: str, budget, predictor, weighting: str, old: Mapping) -> TraceConfig:
+    """TRACE's configuration from `TraceRolloutFunc`'s keyword arguments (one line naming a bad or renamed one)."""
+    for key in old:
+        if key in RENAMED:
+            new, _, sub = RENAMED[key].partition(".")
+            hint = f"{new}={{'{sub}': ...}}" if sub else f"{new}=..."
+            raise TypeError(f"{WHERE}({key}=...): renamed; pass {hint}")
+        raise TypeError(f"{WHERE}() got an unexpected keyword argument {key!r}")
+    settings: dict[str, Any] = {"method": method, "advantage": advantage, "weighting": weighting}
+    if isinstance(budget, BudgetPlan):  # only what TRL leaves to us may differ from the defaults
+        default = BudgetPlan()
+        budget = {k: v for k, v in dataclasses.asdict(budget).items() if v != getattr(default, k)}
+    if budget is not None:
+        settings["budget"] = budget
+    if isinstance(predictor, PredictorSettings):
+        predictor = dataclasses.asdict(predictor)
+    if predictor is not None:
+        settings["predictor"] = predictor
+    return TraceConfig.from_settings(settings, WHERE, fixed=SET_BY_TRL)
 
 
 def hf_backend(trainer) -> PolicyBackend:
@@ -64,20 +102,24 @@ class TraceRolloutFunc:
         env_factory: Callable[[], AgentEnv],
         backend: PolicyBackend | Callable[[Any], PolicyBackend] = hf_backend,
         task_from_prompt: Callable[[Any], dict] | None = None,
-        method: str = "trace",
-        branch_factor: int = BudgetPlan.branch_factor,
-        max_per_prompt: int = BudgetPlan.max_per_prompt,
-        predictor: Predictor | None = None,
+        method: str = TraceConfig.method,
+        advantage: str = TraceConfig.advantage,
+        budget: BudgetPlan | Mapping | None = None,
+        predictor: PredictorSettings | Mapping | Predictor | None = None,
+        weighting: str = TraceConfig.weighting,
         params: SamplingParams | None = None,
-        estimator: str | None = None,
-        weighting: str = "split",
         seed: int = 0,
+        **renamed,
     ):
         self.env_factory, self.backend, self.task_from_prompt = env_factory, backend, task_from_prompt
-        self.method, self.branch_factor, self.max_per_prompt = get_method(method), branch_factor, max_per_prompt
-        self.predictor = predictor if predictor is not None else light_text_predictor(seed=seed)
+        own = predictor if hasattr(predictor, "predict") and hasattr(predictor, "update") else None
+        self.config = trace_config(method, advantage, budget, None if own else predictor, weighting, renamed)
+        # one's own V~ object, or the one builder's from the settings (the method's own where it has one)
+        self.predictor = (
+            own if own is not None else build_predictor(self.config.predictor, self.config.method_spec, seed)
+        )
         self.params = params or SamplingParams(max_new_tokens=64)
-        self.estimator, self.weighting, self.seed = estimator or self.method.advantage, weighting, seed
+        self.seed = seed
         self._backend: PolicyBackend | None = None
         self.last_rows: list[PathRow | None] = []
         self.last_advantages: list[list[float]] = []
@@ -107,21 +149,22 @@ class TraceRolloutFunc:
         tasks = [self.task_from_prompt(p) if self.task_from_prompt else p for p in unique]
         training = bool(trainer.model.training)
         # evaluation: GRPO's uniform plan (g bare rollouts per prompt), no branching, predictor left as it was
-        method = self.method if training else get_method("grpo")
-        plan = BudgetPlan(
-            prompts=len(tasks),
-            rollouts_per_prompt=g,
-            pool_factor=1,
-            max_per_prompt=self.max_per_prompt,
-            branch_factor=self.branch_factor if method.branches else 0,
-        )
+        config = self.config if training else dataclasses.replace(self.config, method="grpo", advantage="")
+        plan = config.batch_plan(len(tasks), g)
         actor = LMActor(self._policy(trainer), self.env_factory, self.params)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
-        engine = TreeRolloutEngine(actor, self.predictor, plan, seed=self.seed, update_predictor=training)
-        result = engine.grow(tasks, method, step)
+        engine = TreeRolloutEngine(
+            actor,
+            self.predictor,
+            plan,
+            seed=self.seed,
+            prefix_share=config.predictor.prefix_share,
+            update_predictor=training,
+        )
+        result = engine.grow(tasks, config.method_spec, step)
         self.last_result = result
-        estimator = self.estimator if training else method.advantage
-        return self.rows_to_output(batch_rows(result.active, estimator, self.weighting), len(prompts))
+        rows = batch_rows(result.active, config.advantage_name, config.weighting)
+        return self.rows_to_output(rows, len(prompts))
 
     def rows_to_output(self, rows: list[PathRow], total: int) -> dict[str, list]:
         """TRL's output dict for `rows`, topped up with filler rows (mask 0, advantage 0) to `total` rows."""

@@ -5,74 +5,80 @@ manager writes each row's count and the worker obeys it. The batch itself is the
 pool_factor is 1): raise `data.train_batch_size` and lower `rollout.n` to give the allocator more prompts to
 choose from at the same cost. verl sizes its PPO mini-batches as `ppo_mini_batch_size x rollout.n` rows, so
 the step must produce `batch size x n` rows in total; `root_counts` refuses a setting where it cannot:
-- a tree method spends `B n / (1 + N)` roots and N continuations per root (the core's `BudgetPlan`), so
-  `B n` must divide by `1 + N`;
-- the active allocator caps a prompt at `max_per_prompt`, so `B x max_per_prompt` must cover the roots.
+- a tree method spends `B n / (1 + N)` roots and N continuations per root (`TraceConfig.batch_plan`), so
+  `B n` must divide by `1 + N` (`trace_rl.budget.branch_factor`);
+- the active allocator caps a prompt at `budget.max_per_prompt`, so `B x max_per_prompt` must cover the roots.
 One shortfall is left to verl's padding: a prompt whose bare rollouts all end in one turn has no anchor to
 branch from, and its continuations are not spent (reported as `trace/unspent_prefix_budget`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from ...methods import BudgetPlan, Method, allocate_method_roots, get_method
-from ...seeding import derive_seed
+from ...methods import BudgetPlan, Method, allocate_method_roots
+from ...seeding import check_seed, derive_seed
+from ...trace_config import TraceConfig, check_method
 from ...tree import RolloutTree
 
 CONFIG_KEY = "trace_rl"  # top-level block of the verl config (`+trace_rl.method=...`); verl has no such key
 ROLLOUT_N_KEY = "__rollout_n__"  # read (and popped) per prompt by verl 0.9.1's AgentLoopWorkerTQ._run_prompt
 
 
+# names the `trace_rl` block used before TRACE had one configuration: refused, naming the new key, so a YAML written
+# for them never silently changes meaning
+RENAMED = {
+    "estimator": "advantage",
+    "branch_factor": "budget.branch_factor",
+    "max_per_prompt": "budget.max_per_prompt",
+    "prefix_share": "predictor.prefix_share",
+    "predictor": "predictor.kind",
+}
+# budget keys verl decides: the batch is the pool, and its size and group size are verl's own settings
+SET_BY_VERL = {
+    "budget.prompts": "verl's data.train_batch_size sets it",
+    "budget.rollouts_per_prompt": "verl's actor_rollout_ref.rollout.n sets it",
+    "budget.pool_factor": "the batch is the candidate pool (pool factor 1)",
+}
+
+
 @dataclass(frozen=True)
 class TraceSettings:
-    """The `trace_rl` block of a verl config (`+trace_rl.method=trace +trace_rl.branch_factor=1 ...`)."""
+    """The `trace_rl` block of a verl config: TRACE's one configuration (`trace_config.TraceConfig`, with the
+    command line's names: `+trace_rl.method=trace +trace_rl.budget.branch_factor=1 +trace_rl.predictor.kind=light`)
+    and the seed of the plugin's random streams (`+trace_rl.seed=0`)."""
 
-    method: str = "trace"
-    branch_factor: int = BudgetPlan.branch_factor  # N: continuations per bare rollout for tree methods
-    max_per_prompt: int = BudgetPlan.max_per_prompt  # m_max for the active root allocator (at least n / (1 + N))
-    estimator: str | None = None  # advantage estimator; None takes the method's own
-    weighting: str = "split"  # how shared-prefix tokens are weighted across leaf rows (see integrations.rows)
-    prefix_share: float = 0.5  # share of prefixes among the predictor's training examples
-    predictor: str = "light_text"  # which predictor scores prompts and prefixes
+    config: TraceConfig = field(default_factory=TraceConfig)
     seed: int = 0
 
     def __post_init__(self):
-        get_method(self.method)  # raises on an unknown name, listing the known ones
-        if self.branch_factor < 0:
-            raise ValueError(f"trace_rl.branch_factor must be >= 0, got {self.branch_factor}")
-        if self.max_per_prompt < 2:
-            raise ValueError(f"trace_rl.max_per_prompt must be >= 2, got {self.max_per_prompt}")
+        check_method(self.config.method, key=f"{CONFIG_KEY}.method", oracle=False)
+        check_seed(self.seed, f"{CONFIG_KEY}.seed")
 
     @classmethod
     def from_config(cls, block) -> "TraceSettings":
-        """From a mapping (an OmegaConf node or a dict); unknown keys are an error, not silently ignored."""
-        data = dict(block or {})
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown trace settings {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
-        return cls(**data)
+        """From a mapping (an OmegaConf node or a dict); unknown and renamed keys are an error, not ignored."""
+        data = {str(k): v for k, v in dict(block or {}).items()}
+        seed = data.pop("seed", 0)
+        return cls(TraceConfig.from_settings(data, CONFIG_KEY, RENAMED, SET_BY_VERL), seed)
 
     @property
     def method_spec(self) -> Method:
-        return get_method(self.method)
+        return self.config.method_spec
 
     @property
     def advantage(self) -> str:
-        return self.estimator or self.method_spec.advantage
+        return self.config.advantage_name
+
+    @property
+    def branch_factor(self) -> int:
+        return self.config.budget.branch_factor
 
     def plan(self, batch_size: int, n: int) -> BudgetPlan:
-        branches = self.branch_factor if self.method_spec.branches else 0
-        return BudgetPlan(
-            prompts=batch_size,
-            rollouts_per_prompt=n,
-            branch_factor=branches,
-            pool_factor=1,
-            max_per_prompt=self.max_per_prompt,
-        )
+        return self.config.batch_plan(batch_size, n)
 
 
 def expected_rows(counts: Sequence[int], settings: TraceSettings) -> int:
@@ -94,15 +100,15 @@ def root_counts(values: Sequence[float], n: int, settings: TraceSettings, step: 
     total = plan.total
     if method.branches and total % (1 + plan.branch_factor):
         raise ValueError(
-            f"batch size x rollout.n = {total} does not divide by 1 + trace_rl.branch_factor = "
+            f"batch size x rollout.n = {total} does not divide by 1 + {CONFIG_KEY}.budget.branch_factor = "
             f"{1 + plan.branch_factor}: the step could not fill verl's mini-batches exactly"
         )
     counts = allocate_method_roots(method, v, plan, seed=derive_seed(settings.seed, "roots", step))
     got = expected_rows(counts, settings)
     if got != total:
         raise ValueError(
-            f"{settings.method} allocated {got} rollouts for a budget of {total} (batch {batch} x n {n}); "
-            f"raise trace_rl.max_per_prompt (now {settings.max_per_prompt}) to at least rollout.n"
+            f"{method.name} allocated {got} rollouts for a budget of {total} (batch {batch} x n {n}); "
+            f"raise {CONFIG_KEY}.budget.max_per_prompt (now {plan.max_per_prompt}) to at least rollout.n"
         )
     return counts
 

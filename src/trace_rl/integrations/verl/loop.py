@@ -2,7 +2,8 @@
 `ToolLoopSession`s that the tree worker steps, forks and finishes.
 
 Written against verl 0.9.1's `ToolAgentLoop` (an alpha API): it reuses the loop's own state handlers
-(`_handle_pending_state`, `_handle_generating_state`, `_handle_processing_tools_state`) and repeats the
+(`_handle_pending_state`, `_handle_generating_state`, `_handle_processing_tools_state`, reached through
+`compat`, like every private name of verl) and repeats the
 opening and closing of `run()` (building `AgentData`, per-sample tool selection; assembling the
 `AgentLoopOutput`), which are inline there. A verl upgrade must re-check those two copies.
 
@@ -16,8 +17,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Awaitable, Callable
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
-from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+from . import compat
+from .compat import AgentData, AgentLoopOutput, AgentState, ToolAgentLoop, register
 
 AGENT_NAME = "trace_tool_agent"
 # AgentData fields that a fork must not share with its source; the rest (tools, images, kwargs) are shared.
@@ -64,7 +65,7 @@ class TraceToolAgentLoop(ToolAgentLoop):
             image_data=multi_modal_data.get("images"),
             video_data=multi_modal_data.get("videos"),
             audio_data=audios,
-            mm_processor_kwargs=self._get_mm_processor_kwargs(audios),
+            mm_processor_kwargs=compat.mm_processor_kwargs(self, audios),
             metrics={},
             request_id=request_id,
             tools_kwargs=kwargs.get("tools_kwargs", {}),
@@ -72,12 +73,10 @@ class TraceToolAgentLoop(ToolAgentLoop):
         selection = (kwargs.get("extra_info", {}) or {}).get("tool_selection")
         if selection and self.tools:
             chosen = {name: self.tools[name] for name in selection if name in self.tools}
-            data._active_tools = chosen
-            data._active_tool_schemas = [
-                t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in chosen.values()
-            ]
+            schemas = [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in chosen.values()]
+            compat.set_active_tools(data, chosen, schemas)
         else:
-            data._active_tools, data._active_tool_schemas = self.tools, self.tool_schemas
+            compat.set_active_tools(data, self.tools, self.tool_schemas)
         return data
 
     def _close(self, data: AgentData) -> AgentLoopOutput:
@@ -138,12 +137,12 @@ class ToolLoopSession:
         loop = self.loop
         if self.state == AgentState.PENDING:
             self.data = await loop._open(self.request_id, **self.kwargs)
-            self.state = await loop._handle_pending_state(self.data, self.sampling_params)
+            self.state = await compat.handle_pending(loop, self.data, self.sampling_params)
         data = self.data
         before_ids, before_resp = list(data.prompt_ids), len(data.response_mask)
-        self.state = await loop._handle_generating_state(data, self.sampling_params)
+        self.state = await compat.handle_generating(loop, data, self.sampling_params)
         if self.state == AgentState.PROCESSING_TOOLS:
-            self.state = await loop._handle_processing_tools_state(data)
+            self.state = await compat.handle_processing_tools(loop, data)
         if data.prompt_ids[: len(before_ids)] != before_ids:
             # the tree stores each turn's tokens once, below its prefix: a rewritten prefix would break that
             raise RuntimeError("the agent loop rewrote earlier tokens of the history; a tree cannot hold it")

@@ -17,9 +17,9 @@ import numpy as np
 import ray
 import torch
 from tensordict import TensorDict
-from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 
 from .budgets import CONFIG_KEY, ROLLOUT_N_KEY, TraceSettings, prompt_trees, root_counts
+from .compat import AgentLoopManagerTQ
 from .predictor_state import shared_predictor, to_bytes
 from .worker import VALUE_KEY, TraceAgentLoopWorker
 
@@ -41,7 +41,7 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
         super().__init__(*args, **kwargs)
         self.agent_loop_workers_class = TraceAgentLoopWorker  # AgentLoopManagerTQ set verl's; the trees need ours
         self.trace = TraceSettings.from_config(self.config.get(CONFIG_KEY, None))
-        self.predictor = shared_predictor(self.trace.predictor, self.trace.seed)  # the trainer updates this one
+        self.predictor = shared_predictor(self.trace.config, self.trace.seed)  # the trainer updates this one
         # refuse at start-up, not at the first batch, a budget verl's mini-batches cannot take
         batch = int(self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size)
         root_counts(np.full(batch, 0.5), int(self.rollout_config.n), self.trace)

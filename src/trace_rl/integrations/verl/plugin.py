@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from verl.trainer.ppo.core_algos import register_adv_est
 
 from . import loop, trainer
 from .advantage import flat_trace_advantages
+from .compat import register_adv_est
 
 ESTIMATOR_NAME = "trace"
 

@@ -1,5 +1,6 @@
-"""The predictor verl's processes share: built once per process from the settings, moved between processes as
-bytes of its own checkpoint format (`Predictor.save` / `load`).
+"""The predictor verl's processes share: built once per process from the settings by the one predictor builder
+(`predictors.build`: the method's own V~, else `trace_rl.predictor.kind`), moved between processes as bytes of
+its own checkpoint format (`Predictor.save` / `load`).
 
 The manager (stage 1) and the trainer (the predictor update) live in one process, verl's TaskRunner actor, so
 they share one object (`shared_predictor`). The agent-loop workers (stage 2) are other Ray actors: before
@@ -13,26 +14,18 @@ import os
 import tempfile
 
 from ...predictors.base import Predictor
-from ...predictors.history import RewardHistoryPredictor
-from ...predictors.text import light_text_predictor
+from ...predictors.build import build_predictor
+from ...trace_config import TraceConfig
 
-PREDICTORS = ("light_text", "history")
-_shared: dict[tuple[str, int], Predictor] = {}
-
-
-def build_predictor(name: str, seed: int = 0) -> Predictor:
-    if name == "light_text":
-        return light_text_predictor(seed=seed)
-    if name == "history":
-        return RewardHistoryPredictor()
-    raise ValueError(f"unknown trace_rl.predictor {name!r}; choose from {', '.join(PREDICTORS)}")
+_shared: dict[tuple[str, str, float, int], Predictor] = {}
 
 
-def shared_predictor(name: str, seed: int = 0) -> Predictor:
-    """This process's predictor for (name, seed), built on first use."""
-    key = (name, seed)
+def shared_predictor(config: TraceConfig, seed: int = 0) -> Predictor:
+    """This process's predictor for the configuration's method and predictor settings and `seed`, built on first
+    use."""
+    key = (config.method, config.predictor.kind, config.predictor.prefix_share, seed)
     if key not in _shared:
-        _shared[key] = build_predictor(name, seed)
+        _shared[key] = build_predictor(config.predictor, config.method_spec, seed)
     return _shared[key]
 
 

@@ -25,14 +25,13 @@ import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.trainer_base import register_trainer
-from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.workers.utils.padding import response_to_nested
 
 from ...predictors.base import training_examples
 from ...seeding import derive_rng
+from . import compat
 from .advantage import merge_tree_advantages
 from .budgets import CONFIG_KEY, TraceSettings
+from .compat import PPOTrainerSync, register_trainer, response_to_nested
 from .predictor_state import shared_predictor
 
 TRAINER_NAME = "trace"
@@ -52,7 +51,7 @@ class TraceTrainer(PPOTrainerSync):
                 "(KL as a loss term, actor.use_kl_loss, is fine)"
             )
         self.trace = TraceSettings.from_config(config.get(CONFIG_KEY, None))
-        self.predictor = shared_predictor(self.trace.predictor, self.trace.seed)  # the manager's object
+        self.predictor = shared_predictor(self.trace.config, self.trace.seed)  # the manager's object
         self._step_trees: list = []
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -70,7 +69,7 @@ class TraceTrainer(PPOTrainerSync):
         extra = [getattr(e, "data", e) for e in list(data["extra_fields"])]
         padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
         advs, trees = merge_tree_advantages(
-            extra, scores, lengths, padding, base, self.trace.advantage, self.trace.weighting
+            extra, scores, lengths, padding, base, self.trace.advantage, self.trace.config.weighting
         )
         if not trees:
             return batch
@@ -88,15 +87,11 @@ class TraceTrainer(PPOTrainerSync):
         super().on_step_end()
         trees, self._step_trees = self._step_trees, []
         rng = derive_rng(self.trace.seed, "predictor-examples", self.global_steps)
-        examples, targets = training_examples(trees, self.trace.prefix_share, rng)
+        examples, targets = training_examples(trees, self.trace.config.predictor.prefix_share, rng)
         if examples:
             loss = float(self.predictor.update(examples, targets))
-            pending = getattr(self, "_pending_sync_metrics", None) or {}
-            self._pending_sync_metrics = {
-                **pending,
-                "trace/predictor_loss": loss,
-                "trace/predictor_examples": float(len(examples)),
-            }
+            metrics = {"trace/predictor_loss": loss, "trace/predictor_examples": float(len(examples))}
+            compat.add_sync_metrics(self, metrics)
 
 
 def tree_metrics(trees: list, extra: list, padding: list) -> dict[str, float]:

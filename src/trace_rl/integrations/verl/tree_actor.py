@@ -21,6 +21,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ...methods import BudgetPlan, Method
 from ...predictors.base import Predictor
 from ...rollout.engine import Clock, TreeRolloutEngine
+from ...trace_config import TraceConfig
 from ...tree import RolloutTree
 
 
@@ -78,17 +79,12 @@ class SessionActor:
         return [(leaf.node_id, self.sessions[leaf.info["session"]]) for leaf in tree.leaves()]
 
 
-def single_prompt_plan(roots: int, method: Method, branch_factor: int) -> tuple[BudgetPlan, Method]:
+def single_prompt_plan(roots: int, config: TraceConfig) -> tuple[BudgetPlan, Method]:
     """The plan and method under which the engine grows exactly `roots` bare rollouts for one prompt, plus
-    `branch_factor` continuations per root when the method branches (stage 1 already ran in the manager)."""
-    branches = branch_factor if method.branches else 0
-    plan = BudgetPlan(
-        prompts=1,
-        rollouts_per_prompt=roots * (1 + branches),
-        branch_factor=branches,
-        pool_factor=1,
-        max_per_prompt=max(2, roots),
-    )
+    `budget.branch_factor` continuations per root when the method branches (stage 1 already ran in the manager)."""
+    method = config.method_spec
+    branches = config.budget.branch_factor if method.branches else 0
+    plan = config.batch_plan(1, roots * (1 + branches), max_per_prompt=max(2, roots))
     return plan, dataclasses.replace(method, root="uniform")
 
 
@@ -98,17 +94,19 @@ async def grow_prompt_tree(
     roots: int,
     open_sessions: Callable[[int], list[Session]],
     predictor: Predictor,
-    method: Method,
-    branch_factor: int,
+    config: TraceConfig,
     seed: int,
     step: int,
 ):
-    """Grow one prompt's tree; returns (tree, [(leaf id, session)], StepResult). `uid` is the tree's root id."""
+    """Grow one prompt's tree under `config` (its method, branch factor and prefix share); returns (tree,
+    [(leaf id, session)], StepResult). `uid` is the tree's root id."""
     if roots < 1:
         raise ValueError(f"a tree needs at least one root rollout, got {roots}")
-    plan, one = single_prompt_plan(roots, method, branch_factor)
+    plan, one = single_prompt_plan(roots, config)
     actor = SessionActor(open_sessions, prompt)
-    engine = TreeRolloutEngine(actor, predictor, plan, seed=seed, update_predictor=False)
+    engine = TreeRolloutEngine(
+        actor, predictor, plan, seed=seed, prefix_share=config.predictor.prefix_share, update_predictor=False
+    )
     result = await engine.agrow([uid], one, step)
     tree = result.trees[0]
     return tree, actor.leaf_sessions(tree), result

@@ -20,25 +20,27 @@ import math
 import hydra
 import ray
 import transfer_queue as tq
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
-from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
+from ...predictors.build import build_predictor
 from ...seeding import derive_seed
+from . import compat
 from .advantage import TRACE_FIELD, leaf_record
 from .budgets import CONFIG_KEY, ROLLOUT_N_KEY, TraceSettings, prompt_text
+from .compat import DictConfigWrap, ToolListWrap
 from .loop import TraceToolAgentLoop
-from .predictor_state import build_predictor, load_bytes
+from .predictor_state import load_bytes
 from .tree_actor import grow_prompt_tree
 
 logger = logging.getLogger(__name__)
 VALUE_KEY = "__trace_value__"  # V~ of the prompt from the manager (logged on the tree's root)
 
 
-class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
+class _TraceAgentLoopWorker(compat.AgentLoopWorkerBase):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.trace = TraceSettings.from_config(self.config.get(CONFIG_KEY, None))
-        self.predictor = build_predictor(self.trace.predictor, self.trace.seed)
+        # this worker's own copy (the manager sends its weights before each batch), from the one predictor builder
+        self.predictor = build_predictor(self.trace.config.predictor, self.trace.method_spec, self.trace.seed)
 
     def set_trace_predictor(self, blob: bytes | None) -> None:
         """The manager's current predictor weights, sent before each training batch."""
@@ -48,7 +50,7 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     def _agent_loop(self, agent_name: str):
         """An agent loop instance as `AgentLoopWorker._run_agent_loop` builds it (verl 0.9.1)."""
         return hydra.utils.instantiate(
-            config=_agent_loop_registry[agent_name],
+            config=compat.agent_loop_config(agent_name),
             trainer_config=DictConfigWrap(config=self.config),
             server_manager=self.llm_client,
             tokenizer=self.tokenizer,
@@ -61,7 +63,8 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
 
     async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool = False) -> None:
         agent_name = prompt.get("agent_name")
-        is_tree = agent_name in _agent_loop_registry and not trajectory["validate"] and ROLLOUT_N_KEY in prompt
+        registered = compat.agent_loop_config(agent_name) is not None
+        is_tree = registered and not trajectory["validate"] and ROLLOUT_N_KEY in prompt
         loop = self._agent_loop(agent_name) if is_tree else None
         if not isinstance(loop, TraceToolAgentLoop):
             return await super()._run_prompt(prompt, sampling_params, trajectory, trace)
@@ -92,7 +95,7 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         kwargs = {k: v for k, v in prompt.items() if k != "agent_name"}
 
         async def score(output) -> float | None:
-            await self._compute_score([output], kwargs={**kwargs, "session_id": 0})
+            await compat.compute_score(self, [output], {**kwargs, "session_id": 0})
             return output.reward_score
 
         def open_sessions(k: int):
@@ -105,8 +108,7 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
             roots,
             open_sessions,
             self.predictor,
-            self.trace.method_spec,
-            self.trace.branch_factor,
+            self.trace.config,
             derive_seed(self.trace.seed, "verl-tree", uid),
             step,
         )
@@ -116,7 +118,7 @@ class _TraceAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         for index, (leaf_id, session) in enumerate(leaves):
             output = session.output
             output.extra_fields[TRACE_FIELD] = {**leaf_record(tree, leaf_id), "unspent": result.unspent_prefix_budget}
-            await self._agent_loop_postprocess(output, trajectory["validate"], session_id=index, **kwargs)
+            await compat.postprocess(self, output, trajectory["validate"], session_id=index, **kwargs)
 
 
 TraceAgentLoopWorker = ray.remote(_TraceAgentLoopWorker)

@@ -1,0 +1,305 @@
+"""One TRACE configuration: the method, the advantage estimator, the rollout budget, the predictor's kind and
+prefix share, and how a node shared by several leaves is weighted, with one set of names, one set of defaults
+and the one place that checks them.
+
+Every entry point reads TRACE's settings through here: the command line (`trace-rl train`, `rollout`,
+`simulate`, `compare` keep their keys, `method`, `advantage`, `budget.*`, `predictor.kind`,
+`predictor.prefix_share`, `update.weighting`, and build a `TraceConfig` from them), verl's plugin (the
+`trace_rl` block of its YAML, `TraceConfig.from_settings`) and TRL's rollout function (its keyword arguments,
+the same names). The names are the command line's; names the integrations used before (`estimator`,
+`light_text`, a flat `branch_factor`, ...) are refused in one line that names the new key, so a verl YAML
+written for the old names never silently changes meaning.
+
+Also here, because the configuration is made of them: the method table (`Method`, `METHODS`, `get_method`;
+the allocators that read a method's strategies are `methods.py`, which re-exports these names) and
+`BudgetPlan`. The module is plain data and the standard library (no numpy): only the advantage-name check
+imports the estimator table (`advantages`, numpy), when a name is checked.
+
+Limits: checks cover names, ranges and types of these settings; whether a budget fits a framework's batch
+(verl's mini-batches) is the framework module's check, and whether an LM critic's weights load is the
+predictor builder's (`predictors.build`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from .paths import check_weighting
+
+PREFIX_SHARE = 0.5  # share of prefix examples in a predictor batch (paper: about 6%; docs/predictors.md)
+PREDICTOR_KINDS = ("light", "history")  # built-in V~ kinds; the command line also takes an LM critic backbone
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of a comparison: root strategy x prefix strategy x advantage estimator x predictor."""
+
+    name: str
+    root: str
+    prefix: str
+    advantage: str
+    predictor: str = "learned"  # which V~ drives the active parts: learned | oracle | history | gp
+
+    @property
+    def branches(self) -> bool:
+        return self.prefix != "none"
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in [
+        Method("grpo", "uniform", "none", "grpo"),
+        Method("pcl", "pcl", "none", "grpo"),
+        Method("knapsack_rl", "knapsack", "none", "grpo", predictor="history"),
+        Method("knapsack_rl_repaired", "knapsack_repaired", "none", "grpo", predictor="history"),
+        # VIP's allocator (its trainer's RLOO rule, 1 <= n <= 32) on its Gaussian-process predictor; trained with
+        # the GRPO estimator, as the other flat baselines are, so the rows differ in allocation only
+        Method("vip", "vip", "none", "grpo", predictor="gp"),
+        Method("treepo", "uniform", "random", "treepo"),
+        Method("tree_grpo", "uniform", "random", "tree_grpo"),
+        Method("trace", "active", "active", "trace"),
+        Method("trace_oracle", "active", "active", "trace", predictor="oracle"),
+        Method("trace_uniform", "uniform", "random", "trace"),
+        Method("trace_root_only", "active", "random", "trace"),
+        Method("trace_prefix_only", "uniform", "active", "trace"),
+        # PCL's root allocation under TRACE's prefix stage and estimator: the tree estimator where PCL applies
+        Method("trace_pcl_root", "pcl", "active", "trace"),
+        # TRACE with a root objective weighted by what a group teaches (root_objectives.py): expected rows with a
+        # non-zero advantage, the expected std-scaled step, the expected unscaled step
+        Method("trace_rows", "active_rows", "active", "trace"),
+        Method("trace_grad", "active_grad", "active", "trace"),
+        Method("trace_grad_unscaled", "active_grad_unscaled", "active", "trace"),
+    ]
+}
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """How many rollouts one step buys, and how a tree method splits them."""
+
+    prompts: int = 32  # P: prompts a flat method trains on per step
+    rollouts_per_prompt: int = 8  # n: GRPO group size
+    branch_factor: int = 1  # N: continuations per bare rollout for tree methods
+    pool_factor: int = 4  # candidate pool = pool_factor * P prompts
+    max_per_prompt: int = 8  # m_max for the root allocators
+
+    def __post_init__(self):
+        for name in ("prompts", "rollouts_per_prompt", "pool_factor", "branch_factor", "max_per_prompt"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in ("prompts", "rollouts_per_prompt", "pool_factor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.branch_factor < 0:
+            raise ValueError(f"branch_factor must be >= 0, got {self.branch_factor}")
+        if self.max_per_prompt < 2:
+            raise ValueError(f"max_per_prompt must be >= 2, got {self.max_per_prompt}")
+
+    @property
+    def total(self) -> int:
+        return self.prompts * self.rollouts_per_prompt
+
+    @property
+    def pool(self) -> int:
+        return self.prompts * self.pool_factor
+
+    def root_budget(self, method: Method) -> int:
+        return self.total // (1 + self.branch_factor) if method.branches else self.total
+
+
+# ---- the checks: each names its key (the last name, which the command line's loader qualifies with its group)
+
+
+def check_method(name: str, key: str = "method", oracle: bool = True) -> Method:
+    """A known method; `oracle=False` where no exact V exists (LM agents, verl, TRL)."""
+    allowed = [m for m in METHODS if oracle or METHODS[m].predictor != "oracle"]
+    if name not in allowed:
+        why = " (it needs the exact V that only the testbed has: trace-rl simulate)" if name in METHODS else ""
+        raise ValueError(f"{key}: unknown {name!r}{why}; choose from {', '.join(allowed)}")
+    return METHODS[name]
+
+
+def check_methods(names: Sequence[str], key: str = "methods", oracle: bool = True) -> None:
+    """A non-empty list of known, distinct methods (a repeat would run, and be reported, twice)."""
+    if not names:
+        raise ValueError(f"{key}: none given; choose from {', '.join(METHODS)}")
+    unknown = [m for m in names if m not in METHODS or not (oracle or METHODS[m].predictor != "oracle")]
+    if unknown:
+        allowed = [m for m in METHODS if oracle or METHODS[m].predictor != "oracle"]
+        why = " (oracle methods need the exact V of the testbed)" if any(m in METHODS for m in unknown) else ""
+        raise ValueError(f"{key}: unknown {unknown}{why}; choose from {', '.join(allowed)}")
+    repeated = sorted({m for m in names if list(names).count(m) > 1})
+    if repeated:
+        raise ValueError(f"{key}: {', '.join(repeated)} given more than once; list each method once")
+
+
+def check_advantage(name: str, key: str = "advantage") -> None:
+    """An advantage estimator by name, or '' for the method's own."""
+    if not name:
+        return
+    from .advantages import ADVANTAGES  # the estimator table (numpy), read only when a name is given
+
+    if name not in ADVANTAGES:
+        raise ValueError(f"{key}: unknown {name!r}; choose from {', '.join(ADVANTAGES)} (or '' for the method's own)")
+
+
+def check_prefix_share(value: float, key: str = "prefix_share") -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{key} must be in [0, 1), got {value!r}")
+
+
+def check_predictor_kind(kind: str, key: str = "kind", critics: Sequence[str] | None = None) -> None:
+    """light | history, or with `critics` (the named LM critic backbones of the command line) also one of them,
+    an existing path or a hub id (org/name); None: no LM critic here (verl, TRL)."""
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"{key}: must be a name ({', '.join(PREDICTOR_KINDS)}), got {kind!r}")
+    if kind in PREDICTOR_KINDS:
+        return
+    if kind == "light_text":  # the integrations' name before one configuration
+        raise ValueError(f"{key}: 'light_text' is now called 'light' (the same predictor); set {key}=light")
+    if critics is not None and (kind in critics or Path(kind).exists() or str(kind).count("/") == 1):
+        return
+    shown = f", an LM critic backbone ({', '.join(critics)}, an existing path or a hub id org/name)" if critics else ""
+    raise ValueError(f"{key}: {kind!r} is not {' or '.join(PREDICTOR_KINDS)}{shown}")
+
+
+@dataclass(frozen=True)
+class PredictorSettings:
+    """Which V~ scores roots and prefixes, and the share of prefixes among its training examples."""
+
+    kind: str = "light"  # light (hashed n-grams + logistic) | history (reward history) | an LM critic (CLI)
+    prefix_share: float = PREFIX_SHARE  # share of prefix examples in a predictor batch
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """TRACE's settings, as every entry point names and defaults them."""
+
+    method: str = "trace"  # how rollouts are allocated (METHODS)
+    advantage: str = ""  # advantage estimator; '' takes the method's own
+    budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
+    predictor: PredictorSettings = field(default_factory=PredictorSettings)
+    weighting: str = "first"  # a node shared by k leaf paths: first (once) | split (1/k per copy) | leaf (k times)
+
+    def __post_init__(self):
+        check_method(self.method)
+        check_advantage(self.advantage)
+        if not isinstance(self.budget, BudgetPlan):
+            raise ValueError(f"budget must be a BudgetPlan, got {type(self.budget).__name__}")
+        if not isinstance(self.predictor, PredictorSettings):
+            raise ValueError(f"predictor must be a PredictorSettings, got {type(self.predictor).__name__}")
+        # an LM critic's name is the command line's to check (it knows the backbones); here, any other name
+        check_predictor_kind(self.predictor.kind, critics=[self.predictor.kind])
+        check_prefix_share(self.predictor.prefix_share)
+        check_weighting(self.weighting)
+
+    @property
+    def method_spec(self) -> Method:
+        return METHODS[self.method]
+
+    @property
+    def advantage_name(self) -> str:
+        """The estimator the rows are trained with: `advantage`, or the method's own."""
+        return self.advantage or self.method_spec.advantage
+
+    def batch_plan(self, prompts: int, rollouts_per_prompt: int, max_per_prompt: int | None = None) -> BudgetPlan:
+        """The plan of a framework's batch (verl, TRL): the batch is the pool (pool factor 1), prompts x n
+        rollouts, `budget.branch_factor` continuations per bare rollout when the method branches (0 otherwise)."""
+        return BudgetPlan(
+            prompts=prompts,
+            rollouts_per_prompt=rollouts_per_prompt,
+            branch_factor=self.budget.branch_factor if self.method_spec.branches else 0,
+            pool_factor=1,
+            max_per_prompt=self.budget.max_per_prompt if max_per_prompt is None else max_per_prompt,
+        )
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Mapping | None,
+        where: str,
+        renamed: Mapping[str, str] | None = None,
+        fixed: Mapping[str, str] | None = None,
+    ) -> "TraceConfig":
+        """From nested plain settings (a dict, an OmegaConf node, keyword arguments): the keys are the
+        dataclass's (`budget.branch_factor`, `predictor.kind`). `where` prefixes every key in an error
+        (`trace_rl`); `renamed` maps an old key to the new one (refused naming it); `fixed` maps a key the
+        framework sets itself to what sets it (refused naming that). Unknown keys are refused, not ignored."""
+        data = _plain(settings or {}, where)
+        renamed, fixed = dict(renamed or {}), dict(fixed or {})
+        flat = _flatten(data)
+        for key in flat:
+            if key in renamed:
+                raise ValueError(f"{where}.{key}: renamed; set {where}.{renamed[key]}")
+            if key in fixed:
+                raise ValueError(f"{where}.{key}: not a setting here; {fixed[key]}")
+            if key not in _KEYS:
+                raise ValueError(f"{where}.{key}: unknown setting; settings are {', '.join(sorted(_KEYS))}")
+        try:
+            out = cls(
+                method=data.get("method", cls.method),
+                advantage=data.get("advantage", cls.advantage) or "",
+                budget=BudgetPlan(**data.get("budget", {})),
+                predictor=PredictorSettings(**data.get("predictor", {})),
+                weighting=data.get("weighting", cls.weighting),
+            )
+            check_predictor_kind(out.predictor.kind)  # no LM critic outside the command line
+            check_method(out.method, oracle=False)  # no exact V outside the testbed
+            return out
+        except ValueError as err:
+            raise ValueError(_qualified(str(err), where)) from None
+
+
+def _field_keys(cls, prefix: str = "") -> dict[str, str]:
+    """Dotted key -> its last name, for every setting of `cls`."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            out.update(_field_keys(type(default), f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = f.name
+    return out
+
+
+_KEYS = _field_keys(TraceConfig)
+
+
+def _plain(node: Any, where: str) -> Any:
+    """Nested dicts of plain values from a mapping (an OmegaConf node is a Mapping too)."""
+    if isinstance(node, Mapping):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in node.items()}
+    return node
+
+
+def _flatten(data: Mapping, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> value; a group given as a value that is not a mapping stays one key (refused or checked)."""
+    out = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping) and full in ("budget", "predictor"):
+            out.update(_flatten(value, f"{full}."))
+        else:
+            out[full] = value
+    return out
+
+
+def _qualified(message: str, where: str) -> str:
+    """A check's message ("prefix_share must be ...", "kind: ...") with the dotted key it names."""
+    first = message.split(" ", 1)[0].rstrip(":")
+    hits = [k for k, last in _KEYS.items() if last == first]
+    if len(hits) != 1:
+        return f"{where}: {message}"
+    return f"{where}.{hits[0]}{message[len(first) :]}"
