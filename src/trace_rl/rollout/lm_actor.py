@@ -78,6 +78,10 @@ class _MicroBatcher:
         if self.batching == "round" and len(self.pending) < self.live:
             return  # someone is still stepping its environment or allocating: wait for its request
         batch, self.pending, self.running = self.pending, [], True
+        # requests arrive in the order their environment steps end (thread timing); a backend's fp32 logits can
+        # depend in the last bits on a row's position in the batch (CPU kernels block the rows differently), so
+        # rows are laid out in an order fixed by the requests themselves: tree ids, then seeds, then the ids
+        batch.sort(key=lambda req: (req[2], req[1], req[0]))
         asyncio.ensure_future(self._serve(batch))
 
     async def _serve(self, batch) -> None:
