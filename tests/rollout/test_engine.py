@@ -1,6 +1,8 @@
 import asyncio
+import json
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -138,15 +140,47 @@ def test_a_slow_tool_call_does_not_stall_other_prompts_under_eager_batching(tok)
     assert all(leaf.reward is not None for t in res.trees for leaf in t.leaves())
 
 
-class JitteryCalc(CalculatorEnv):
-    """Environment steps that take a random time: which prompt finishes first changes from run to run."""
+class SlowCalc(CalculatorEnv):
+    """Prompt `slow`'s environment steps take longer, so its requests reach the micro-batcher after the others'."""
+
+    slow = 0
 
     def step(self, action):
-        time.sleep(np.random.default_rng().random() * 0.004)
+        if self.task["index"] == SlowCalc.slow:
+            time.sleep(0.02)
         return super().step(action)
 
 
-def test_a_seed_reproduces_sampled_trees_whatever_the_timing():
+@dataclass
+class RowSensitiveBackend(ScriptedBackend):
+    """Log-probs that move in the last bits with a row's place in the batch, as a CPU kernel's fp32 logits can."""
+
+    def generate(self, prompts, params, seed=None, seeds=None):
+        out = super().generate(prompts, params, seed, seeds)
+        for row, gen in enumerate(out):
+            gen.logprobs = [lp - row * 2.0**-22 for lp in gen.logprobs]
+        return out
+
+
+def _trees_json(res) -> str:
+    return "\n".join(json.dumps(t.to_dict()) for t in res.trees)  # what save_trees writes, log-probs included
+
+
+def test_round_batches_lay_rows_out_alike_whichever_prompt_is_slow(tok):
+    plan = BudgetPlan(prompts=3, rollouts_per_prompt=2, branch_factor=1, pool_factor=1, max_per_prompt=2)
+    tasks = make_tasks(3, seed=7, steps=(2, 3))
+    runs = []
+    for slow in (0, 2):  # the first prompt's requests arrive last, then the last prompt's
+        SlowCalc.slow = slow
+        backend = RowSensitiveBackend(tok, lambda text, i: scripted_calc(text, 0, 0))
+        actor = LMActor(backend, SlowCalc, SamplingParams(max_new_tokens=64))
+        res = TreeRolloutEngine(actor, RewardHistoryPredictor(), plan, seed=3).grow(tasks, get_method("trace_uniform"))
+        runs.append((_trees_json(res), backend.calls))
+    assert runs[0][1] == runs[1][1] and max(runs[0][1]) > 2  # the same calls, several prompts' rows in one
+    assert runs[0][0] == runs[1][0]
+
+
+def test_a_seed_reproduces_sampled_trees_bit_for_bit_whatever_the_timing():
     torch = pytest.importorskip("torch")
     from trace_rl.backends.hf import HFBackend
     from trace_rl.lm.models import create_tiny_model
@@ -154,14 +188,16 @@ def test_a_seed_reproduces_sampled_trees_whatever_the_timing():
     plan = BudgetPlan(prompts=3, rollouts_per_prompt=2, branch_factor=1, pool_factor=1, max_per_prompt=2)
     tasks = make_tasks(3, seed=7, steps=(1, 2))
     runs = []
-    for _ in range(2):
+    for slow in (0, 2):
+        SlowCalc.slow = slow
         model, tok = create_tiny_model(hidden=32, layers=1, heads=2, seed=1)
         with torch.no_grad():
             for p in model.parameters():
                 p.mul_(4)
-        actor = LMActor(HFBackend(model, tok), JitteryCalc, SamplingParams(max_new_tokens=12))
-        res = TreeRolloutEngine(actor, light_text_predictor(), plan, seed=3).grow(tasks, get_method("trace"))
-        runs.append([(n.node_id, n.token_ids, n.reward) for t in res.trees for n in t.nodes.values()])
+        actor = LMActor(HFBackend(model, tok), SlowCalc, SamplingParams(max_new_tokens=12))
+        res = TreeRolloutEngine(actor, light_text_predictor(), plan, seed=3).grow(tasks, get_method("trace_uniform"))
+        assert len(res.active) == 3  # every prompt's rows share the calls
+        runs.append(_trees_json(res))
     assert runs[0] == runs[1]
 
 

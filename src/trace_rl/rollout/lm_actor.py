@@ -4,9 +4,11 @@ steps run in a bounded thread pool off the event loop.
 Prompt tasks never call the model directly: they submit their episodes' histories to a micro-batcher that
 serves many prompts with one backend call. Two batching policies:
 - `round` (default): a call starts when every prompt still running is waiting for the model, so each batch
-  holds every live episode of the step. Batches are then the same on any machine at any speed, and a run
-  reproduces bit for bit. Environment steps of all prompts still run at once in the pool; a slow tool call
-  delays the next batch until it returns.
+  holds every live episode of the step, its rows in an order fixed by the requests (tree id, seeds), not by
+  which environment step ended first. Batches are then the same at any speed, and a run reproduces bit for bit
+  with the same processor type, libraries and torch thread count (CPU kernels sum in another order at another
+  thread count: docs/design.md, "What reproduces bit for bit"). Environment steps of all prompts still run at
+  once in the pool; a slow tool call delays the next batch until it returns.
 - `eager`: a call starts as soon as anything is waiting (and the backend is free), so a slow tool call or a
   prompt in stage 2 never holds the others back. Rows carry their own seeds, so what a row samples does not
   depend on its batch; but batch shapes then vary with timing, and a backend whose fp32 logits depend on the
@@ -78,6 +80,10 @@ class _MicroBatcher:
         if self.batching == "round" and len(self.pending) < self.live:
             return  # someone is still stepping its environment or allocating: wait for its request
         batch, self.pending, self.running = self.pending, [], True
+        # requests arrive in the order their environment steps end (thread timing); a backend's fp32 logits can
+        # depend in the last bits on a row's position in the batch (CPU kernels block the rows differently), so
+        # rows are laid out in an order fixed by the requests themselves: tree ids, then seeds, then the ids
+        batch.sort(key=lambda req: (req[2], req[1], req[0]))
         asyncio.ensure_future(self._serve(batch))
 
     async def _serve(self, batch) -> None:
