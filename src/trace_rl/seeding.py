@@ -3,7 +3,8 @@
 Every random stream of a run (data order, a prompt's rollouts, a step's allocation ties, an episode's
 sampling) is named by a path of small integers or strings under the run's seed, so the streams are
 independent of each other and of the order in which asyncio or a thread pool happens to run the work:
-one seed reproduces a run on any machine whatever its speed.
+one seed gives every draw the same stream on any machine whatever its speed. (Whether a model's log-probs also
+match to the last bit depends on the processor and the thread count: docs/design.md, "What reproduces bit for bit".)
 """
 
 from __future__ import annotations
