@@ -47,7 +47,8 @@ RANK = {
     "viewer": 8,
     "config": 8,
     "diagnose": 9,
-    "cli": 10,
+    "commands": 10,
+    "cli": 11,
 }
 # what each unit holds, for the docs' table (a unit missing here fails test_every_unit_is_ranked_and_described)
 HOLDS = {
@@ -73,13 +74,16 @@ HOLDS = {
     "chosen plug-in's own group `env.<name>.*`; torch-free) and the one builder of the LM stack: env spec, "
     "policy backend (hf, vllm or server), predictor, actor, engine",
     "testbed": "synthetic env with exact V, tabular policy and its Actor, oracle, `simulate`, propositions",
-    "train": "the policy update (losses, tree packing), the trainer, checkpoints, loggers, `sft`, `compare`, "
-    "`rollout` (the stack without the update)",
+    "train": "the policy update (losses, tree packing), the trainer, checkpoints, loggers, `sft`, `compare`",
     "integrations": "rows for verl and TRL; the verl plugin, the TRL rollout_func",
     "viewer": "HTML tree view",
     "config": "typed configs from YAML and key=value overrides; choice groups (env) typed by the choice made",
     "diagnose": "`diagnose`: the predictor's calibration from a run",
-    "cli": "the `trace-rl` command; imports each layer only for the command that needs it",
+    "commands": "one module per command: its config (or the one its layer builds) and `run(cfg, yaml_text) -> "
+    "summary`; `rollout` (the LM stack without the update), `eval`, `train`'s report and plots, `simulate`'s "
+    "summary over seeds",
+    "cli": "the `trace-rl` command: the public command table (config and runner of each, imported on use) and "
+    "the dispatcher",
 }
 
 
