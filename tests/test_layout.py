@@ -69,7 +69,8 @@ HOLDS = {
     "server, BFCL; task loaders",
     "agent": "ReAct turns over token histories",
     "rollout": "the one TRACE step (`engine`, `grow`: generic over an Actor), the Ray executor, the LM actor "
-    "(also plays evaluation episodes), the metrics schema, pass@k evaluation",
+    "(also plays evaluation episodes), the metrics schema, the one report of methods x seeds at equal cost "
+    "(curves, intervals, tables, on `stats`), pass@k evaluation",
     "stack": "the settings groups every LM command shares (policy, predictor, engine; env: `env.name` and the "
     "chosen plug-in's own group `env.<name>.*`; torch-free) and the one builder of the LM stack: env spec, "
     "policy backend (hf, vllm or server), predictor, actor, engine",

@@ -44,7 +44,7 @@ def run(cfg: EvalConfig, yaml_text: str) -> list[dict]:
     """Every chosen benchmark in turn; prints the table, writes samples.jsonl and config.yaml under `out` when
     set; returns one row per benchmark (pass@k and success by difficulty)."""
     from ..rollout.evaluate import check_context, evaluate
-    from ..rollout.records import format_table
+    from ..rollout.report import format_table
     from ..stack.build import build_actor, build_env, build_policy
 
     spec = build_env(cfg.env)

@@ -3,7 +3,7 @@
 No policy update: every method samples from the same model, sees the same candidate pools, and runs the one
 TRACE step (`engine`) with the LM actor, so its predictor learns online from its own trees (a fresh predictor
 per method), as in training. It is built on the LM stack (`stack.build`) as `train` is: the same policy,
-backend, env and engine, without the update. `run` writes the summary table (`rollout.records.summarize`) and the
+backend, env and engine, without the update. `run` writes the summary table (`rollout.report.summarize`) and the
 effective-ratio plot.
 """
 
@@ -119,7 +119,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
 def run(cfg: RolloutConfig, yaml_text: str) -> list[dict]:
     """Grow every method's trees, print and write rollout_summary.json / .txt and the plot; returns the rows."""
     from ..plots import plot_metric
-    from ..rollout.records import format_table, summarize
+    from ..rollout.report import format_table, summarize
 
     out = Path(cfg.out)
     write_config(yaml_text, out)

@@ -21,7 +21,7 @@ def baseline_of(ran, methods: list[str]) -> str:
 def run(cfg: SimulateConfig, yaml_text: str) -> list[dict]:
     """Run every seed, print and write summary.json / summary.txt and the plots; returns the summary rows."""
     from ..plots import per_seed, plot_metric
-    from ..rollout.records import average_runs, format_table, summarize
+    from ..rollout.report import average_runs, format_table, summarize
     from ..testbed.report import format_seed_table, plot_accuracy_vs_cost, seed_statistics
     from ..testbed.simulate import run_seeds
 

@@ -49,10 +49,20 @@ import numpy as np
 
 from ..lm.warm_start import is_tiny
 from ..methods import METHODS
-from ..rollout.records import format_table, read_metrics
+from ..rollout.records import read_metrics
+from ..rollout.report import (
+    accuracy_curve,
+    at_equal_cost,
+    cost_points,
+    cost_to_target,
+    format_interval,
+    format_table,
+    interval,
+    paired_interval,
+    run_means,
+)
 from ..stack.config import check_seed
 from ..stack.env_config import upgrade_run_settings
-from ..stats import cost_to_target_ci, mean_ci, paired_bootstrap_ci
 from ..trace_config import check_advantage, check_methods
 from .checkpoint import checkpoints, setting_differences
 from .trainer import TrainConfig, train
@@ -357,24 +367,13 @@ def check_pairing(runs: dict[str, list[dict]]) -> list[str]:
 
 
 def curves(summary: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Held-out accuracy against rollouts and against generated tokens spent, from (0, accuracy before)."""
-    rollouts, tokens, acc = [0.0], [0.0], [summary["accuracy_before"]]
-    spent = 0.0
-    for r in summary["records"]:
-        spent += r["rollout/generated_tokens"]
-        if "eval/accuracy" in r:
-            rollouts.append(float(r["train/rollouts_total"]))
-            tokens.append(spent)
-            acc.append(r["eval/accuracy"])
-    y = np.array(acc, dtype=float)
-    return {"rollouts": (np.array(rollouts), y), "tokens": (np.array(tokens), y)}
-
-
-def at_equal_cost(ours: tuple[np.ndarray, np.ndarray], theirs: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
-    """Both curves' accuracy at the smaller of their two final costs (linear between evaluations): a method that
-    spent fewer tokens is read at its end, the other where it had spent as many."""
-    cost = min(ours[0][-1], theirs[0][-1])
-    return float(np.interp(cost, *ours)), float(np.interp(cost, *theirs))
+    """Held-out accuracy against rollouts (the trainer's running total) and against generated tokens spent,
+    from (0, accuracy before)."""
+    recs, start = summary["records"], summary["accuracy_before"]
+    return {
+        "rollouts": accuracy_curve(recs, start, "train/rollouts_total", running_total=True),
+        "tokens": accuracy_curve(recs, start, "rollout/generated_tokens"),
+    }
 
 
 def mean_trained_accuracy(summary: dict) -> float:
@@ -382,15 +381,6 @@ def mean_trained_accuracy(summary: dict) -> float:
     swings from one evaluation to the next by more than the sampling error; the mean over the run's evaluations
     is less at the mercy of where the last step happened to land than the final accuracy alone."""
     return float(np.mean(curves(summary)["rollouts"][1][1:]))
-
-
-def _ci(values: list[float]) -> dict:
-    m, lo, hi = mean_ci(values)
-    return {"mean": m, "lo": lo, "hi": hi}
-
-
-def _per_run_mean(seeds: list[dict], key: str) -> list[float]:
-    return [float(np.mean([r[key] for r in s["records"] if key in r] or [math.nan])) for s in seeds]
 
 
 def _pair(summary: dict) -> str:
@@ -407,7 +397,7 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
         recs = [s["records"] for s in seeds]
         rollouts = [sum(r["rollout/rollouts"] for r in rs) for rs in recs]
         groups = [1000 * sum(r["rollout/contrast_groups"] for r in rs) / max(n, 1) for rs, n in zip(recs, rollouts)]
-        er = _per_run_mean(seeds, "rollout/effective_ratio")
+        er = run_means(recs, "rollout/effective_ratio")
         row = {
             "method": spec,
             "allocation": name,
@@ -415,17 +405,17 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             "seeds": [s["seed"] for s in seeds],
             "pairs": [_pair(s) for s in seeds],
             "warm_starts": sorted({s.get("warm", 0) for s in seeds}),
-            "acc_before": _ci([s["accuracy_before"] for s in seeds]),
-            "acc_after": _ci([s["accuracy_after"] for s in seeds]),
-            "gain": _ci([s["accuracy_after"] - s["accuracy_before"] for s in seeds]),
-            "acc_mean": _ci([mean_trained_accuracy(s) for s in seeds]),
+            "acc_before": interval([s["accuracy_before"] for s in seeds]),
+            "acc_after": interval([s["accuracy_after"] for s in seeds]),
+            "gain": interval([s["accuracy_after"] - s["accuracy_before"] for s in seeds]),
+            "acc_mean": interval([mean_trained_accuracy(s) for s in seeds]),
             "eval_se": float(np.mean([s.get("accuracy_se") or math.nan for s in seeds])),
             "eval_se_sampling": float(np.mean([s.get("accuracy_se_sampling") or math.nan for s in seeds])),
-            "effective_ratio": _ci(er),
-            "groups_per_1k": _ci(groups),
-            "adv_nonzero_token_share": _ci(_per_run_mean(seeds, "train/adv_nonzero_token_share")),
-            "grad_norm": _ci(_per_run_mean(seeds, "train/grad_norm")),
-            "update_kl": _ci(_per_run_mean(seeds, "train/update_kl")),
+            "effective_ratio": interval(er),
+            "groups_per_1k": interval(groups),
+            "adv_nonzero_token_share": interval(run_means(recs, "train/adv_nonzero_token_share")),
+            "grad_norm": interval(run_means(recs, "train/grad_norm")),
+            "update_kl": interval(run_means(recs, "train/update_kl")),
             "rollouts": float(np.mean(rollouts)),
             "tokens": float(np.mean([sum(r["rollout/generated_tokens"] for r in rs) for rs in recs])),
             "wall_s": float(
@@ -437,37 +427,24 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
         paired = [s for s in seeds if _pair(s) in base]
         if paired:
             ours, theirs = [s["accuracy_after"] for s in paired], [base[_pair(s)]["accuracy_after"] for s in paired]
-            m, lo, hi = paired_bootstrap_ci(ours, theirs)
-            row["diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
-            m, lo, hi = paired_bootstrap_ci(
-                [mean_trained_accuracy(s) for s in paired], [mean_trained_accuracy(base[_pair(s)]) for s in paired]
+            row["diff_vs_grpo"] = {**paired_interval(ours, theirs), "seeds": len(paired)}
+            trained = (
+                [mean_trained_accuracy(s) for s in paired],
+                [mean_trained_accuracy(base[_pair(s)]) for s in paired],
             )
-            row["mean_diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
+            row["mean_diff_vs_grpo"] = {**paired_interval(*trained), "seeds": len(paired)}
             ours_t, theirs_t = zip(
                 *[at_equal_cost(curves(s)["tokens"], curves(base[_pair(s)])["tokens"]) for s in paired]
             )
-            m, lo, hi = paired_bootstrap_ci(list(ours_t), list(theirs_t))
-            row["tokens_diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
-            base_er = float(np.mean(_per_run_mean([base[_pair(s)] for s in paired], "rollout/effective_ratio")))
+            row["tokens_diff_vs_grpo"] = {**paired_interval(list(ours_t), list(theirs_t)), "seeds": len(paired)}
+            base_er = float(np.mean(run_means([base[_pair(s)]["records"] for s in paired], "rollout/effective_ratio")))
             ours_er = float(np.mean([e for e, s in zip(er, seeds) if _pair(s) in base]))
             row["er_vs_grpo"] = ours_er / base_er if base_er else math.nan
             for cost in ("rollouts", "tokens"):
-                m, lo, hi, n = cost_to_target_ci([curves(s)[cost] for s in paired], theirs)
-                row[f"{cost}_to_grpo_final"] = {"mean": m, "lo": lo, "hi": hi, "reached": n, "seeds": len(paired)}
+                reach = cost_to_target([curves(s)[cost] for s in paired], theirs)
+                row[f"{cost}_to_grpo_final"] = {**reach, "seeds": len(paired)}
         rows.append(row)
     return rows
-
-
-def _fmt_ci(v: dict | None, digits: int = 3, signed: bool = False) -> str:
-    if not v or math.isnan(v["mean"]):
-        return "-"
-    spec = f"{'+' if signed else ''}.{digits}f" if digits else ",.0f"
-    text = f"{v['mean']:{spec}}"
-    if not math.isnan(v["lo"]):
-        text += f" [{v['lo']:{spec}}, {v['hi']:{spec}}]"
-    if "reached" in v:
-        text += f" ({v['reached']}/{v['seeds']})"
-    return text
 
 
 def format_compare(rows: list[dict]) -> str:
@@ -480,16 +457,16 @@ def format_compare(rows: list[dict]) -> str:
                 "method": r["method"],
                 "advantage": r["advantage"],
                 "seeds": str(len(r["pairs"])),
-                "acc_before": _fmt_ci(r["acc_before"]),
-                "acc_after": _fmt_ci(r["acc_after"]),
-                "gain": _fmt_ci(r["gain"], signed=True),
-                "after_vs_grpo": _fmt_ci(r.get("diff_vs_grpo"), signed=True),
-                "acc_mean": _fmt_ci(r["acc_mean"]),
-                "mean_vs_grpo": _fmt_ci(r.get("mean_diff_vs_grpo"), signed=True),
-                "equal_tokens_vs_grpo": _fmt_ci(r.get("tokens_diff_vs_grpo"), signed=True),
-                "rollouts_to_grpo_final": _fmt_ci(reach, digits=0) if reach and reach["reached"] else "-",
-                "tokens_to_grpo_final": _fmt_ci(r.get("tokens_to_grpo_final"), digits=0) if reach else "-",
-                "effective_ratio": _fmt_ci(r["effective_ratio"]),
+                "acc_before": format_interval(r["acc_before"]),
+                "acc_after": format_interval(r["acc_after"]),
+                "gain": format_interval(r["gain"], signed=True),
+                "after_vs_grpo": format_interval(r.get("diff_vs_grpo"), signed=True),
+                "acc_mean": format_interval(r["acc_mean"]),
+                "mean_vs_grpo": format_interval(r.get("mean_diff_vs_grpo"), signed=True),
+                "equal_tokens_vs_grpo": format_interval(r.get("tokens_diff_vs_grpo"), signed=True),
+                "rollouts_to_grpo_final": format_interval(reach, 0, sep=",") if reach and reach["reached"] else "-",
+                "tokens_to_grpo_final": format_interval(r.get("tokens_to_grpo_final"), 0, sep=",") if reach else "-",
+                "effective_ratio": format_interval(r["effective_ratio"]),
                 "er_vs_grpo": f"{r['er_vs_grpo']:.2f}" if not math.isnan(r.get("er_vs_grpo", math.nan)) else "-",
                 "groups_per_1k": f"{r['groups_per_1k']['mean']:.0f}",
                 "nonzero_adv_tokens": f"{r['adv_nonzero_token_share']['mean']:.3f}",
@@ -520,17 +497,6 @@ def format_compare(rows: list[dict]) -> str:
         if se:
             note += f"\nstandard error of one final evaluation, {what}: {np.mean(se):.3f}"
     return note + "\n" + format_table(cells)
-
-
-def cost_points(seed_curves: list[tuple[np.ndarray, np.ndarray]]) -> list[list[dict]]:
-    """Per seed, its accuracy records placed at the mean cost over seeds of the same evaluation (the i-th
-    evaluation of every seed comes after the same steps; token costs differ a little per seed), so the plot
-    draws one mean curve with a seed band instead of a zig-zag through every seed's own x. The start is at 0."""
-    longest = max(len(x) for x, _ in seed_curves)
-    at = [np.mean([x[i] for x, _ in seed_curves if len(x) > i]) for i in range(longest)]
-    return [
-        [{"step": int(round(at[i])) - 1, "eval/accuracy": float(y[i])} for i in range(len(y))] for _, y in seed_curves
-    ]
 
 
 def plot_compare(runs: dict[str, list[dict]], out: Path) -> None:
