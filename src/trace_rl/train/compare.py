@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import json
 import math
 import os
@@ -64,17 +63,15 @@ from ..rollout.report import (
 from ..stack.config import check_seed
 from ..stack.env_config import upgrade_run_settings
 from ..trace_config import check_advantage, check_methods
-from .checkpoint import checkpoints, setting_differences
+from .checkpoint import checkpoints
+from .run_settings import RUN_SETTINGS, finished, run_settings, start_settings
 from .trainer import TrainConfig, train
 
 BASELINE = "grpo"
 DEFAULT_METHODS = ("grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace")
-RUN_SETTINGS = "run_settings.json"
 # The protocol: defaults are chosen on tuning seeds (below 100; every default so far was chosen on seeds 0-9), and
 # results are reported on evaluation seeds (100 and up), on which no choice is ever made.
 FIRST_EVALUATION_SEED = 100
-# settings that do not change what a run computes (where it writes, how it reports, whether it resumes)
-NOT_SETTINGS = ("out", "resume", "progress", "logger", "save_every", "keep_last")
 
 
 def parse_method(spec: str) -> tuple[str, str]:
@@ -135,79 +132,6 @@ class CompareConfig:
             )
 
 
-def run_settings(cfg: TrainConfig) -> dict:
-    """What a run computes from: its config without where it writes and how it reports."""
-    d = dataclasses.asdict(cfg)
-    return _without_unread(json.loads(json.dumps({k: v for k, v in d.items() if k not in NOT_SETTINGS}, default=str)))
-
-
-def _without_unread(settings: dict) -> dict:
-    """A method that never branches never reads budget.branch_factor or predictor.flip_model (stage 2's), and its
-    turns each lie on one path, so update.weighting (how a turn shared by k leaves is weighted) leaves it
-    unchanged: one GRPO run serves a study at any N, weighting or flip model."""
-    if settings.get("method") in METHODS and not METHODS[settings["method"]].branches:
-        settings.get("budget", {}).pop("branch_factor", None)
-        settings.get("update", {}).pop("weighting", None)
-        settings.get("predictor", {}).pop("flip_model", None)
-    return settings
-
-
-_ABSENT = object()
-
-
-def _leaf(settings: dict, key: str):
-    for part in key.split("."):
-        if not isinstance(settings, dict) or part not in settings:
-            return _ABSENT
-        settings = settings[part]
-    return settings
-
-
-def _default_setting(key: str):
-    """The declared default of a dotted TrainConfig key, as run_settings writes it (JSON types)."""
-    cls = TrainConfig
-    for i, part in enumerate(parts := key.split(".")):
-        field = next((f for f in dataclasses.fields(cls) if f.name == part), None)
-        if field is None:
-            return _ABSENT
-        if field.default is not dataclasses.MISSING:
-            value = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            value = field.default_factory()
-        else:
-            return _ABSENT
-        if dataclasses.is_dataclass(value) and i < len(parts) - 1:
-            cls = type(value)
-            continue
-        value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-        return json.loads(json.dumps(value, default=str)) if i == len(parts) - 1 else _ABSENT
-    return _ABSENT
-
-
-def _added_since_at_default(key: str, stored: dict, current: dict) -> bool:
-    """A setting the run's file does not hold (added to the code after the run) whose value now is its default:
-    a new setting's default keeps what the code did before it, so the run is one of these settings."""
-    default = _default_setting(key)
-    return _leaf(stored, key) is _ABSENT and default is not _ABSENT and _leaf(current, key) == default
-
-
-def _finished(run: Path, cfg: TrainConfig) -> bool:
-    """True if `run` holds a finished run of `cfg`; raises if it holds a run of other settings."""
-    path = run / RUN_SETTINGS
-    if not path.exists():
-        return False
-    stored = _without_unread(upgrade_run_settings(json.loads(path.read_text())))
-    current = run_settings(cfg)
-    diff = [k for k in setting_differences(stored, current) if not _added_since_at_default(k, stored, current)]
-    if diff:
-        raise ValueError(
-            f"out: {run} holds a run with other settings (differs in {', '.join(diff)}); "
-            "use another out, or the settings it was run with"
-        )
-    summary = run / "train_summary.json"
-    return summary.exists() and json.loads(summary.read_text()).get("steps") == cfg.steps
-
-
 def pair_name(warm: int, seed: int) -> str:
     """A pair's directory name: seed{S} on the first warm start (as studies before warm starts were laid out),
     ws{W}-seed{S} on another."""
@@ -230,13 +154,6 @@ def _run_config(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Trai
     return run_cfg
 
 
-def start_settings(cfg: TrainConfig) -> dict:
-    """What the evaluation before training computes from: the start policy, the held-out tasks (seed, env,
-    count) and the sampling; not the method, its budget or its update."""
-    d = run_settings(cfg)
-    return {k: d[k] for k in ("seed", "eval_tasks", "eval_samples", "policy", "env", "engine")}
-
-
 def run_one(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Path:
     """Train (or resume, or just find) one method's run on one pair; returns its directory. The evaluation
     before training is computed once per pair, by the first run that needs it, under a lock that the pair's
@@ -244,7 +161,7 @@ def run_one(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Path:
     run_cfg = _run_config(cfg, spec, seed, warm)
     run = Path(run_cfg.out)
     label = f"{spec}, {'warm start ' + str(warm) + ', ' if warm else ''}seed {seed}"
-    if _finished(run, run_cfg):
+    if finished(run, run_cfg):
         print(f"== {label}: finished, read from {run}", file=sys.stderr)
         return run
     run.mkdir(parents=True, exist_ok=True)
@@ -319,7 +236,7 @@ def load_runs(out: Path, methods: list[str], cfg: CompareConfig | None = None) -
             if pair is None or (cfg is not None and pair[0] not in cfg.warm_starts):
                 continue
             summary = json.loads(summary_path.read_text())
-            if cfg is not None and not _finished(summary_path.parent, _run_config(cfg, spec, pair[1], pair[0])):
+            if cfg is not None and not finished(summary_path.parent, _run_config(cfg, spec, pair[1], pair[0])):
                 continue  # fewer steps than asked: not finished under these settings
             recs = read_metrics(summary_path.parent / "metrics.jsonl")
             summary["records"] = next(iter(recs.values()), [])
