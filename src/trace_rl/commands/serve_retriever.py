@@ -35,15 +35,9 @@ class ServeRetrieverConfig:
             )
 
 
-def run(cfg: ServeRetrieverConfig, yaml_text: str = "") -> dict:
-    """Build the index and serve until interrupted (KeyboardInterrupt reaches the dispatcher, which says
-    'stopped'); returns nothing useful in practice, since it returns only if the sleep loop ends."""
-    import socket
-    import time
-
-    from ..envs.retrieval import BM25Retriever, DenseRetriever, load_corpus
-    from ..envs.retrieval_server import serve
-
+def run(cfg: ServeRetrieverConfig, yaml_text: str = "") -> None:
+    """Check a named dense encoder loads, build the index and serve until interrupted (the KeyboardInterrupt
+    reaches the dispatcher, which says 'stopped'); it never returns a summary, since it serves until stopped."""
     if cfg.dense and cfg.encoder != "all-minilm-l6-v2":
         from ..lm.models import check_model
 
@@ -51,6 +45,12 @@ def run(cfg: ServeRetrieverConfig, yaml_text: str = "") -> dict:
             check_model(cfg.encoder)
         except ValueError as err:
             raise ConfigError(f"encoder: {str(err).removeprefix('model: ')}") from None
+    import socket
+    import time
+
+    from ..envs.retrieval import BM25Retriever, DenseRetriever, load_corpus
+    from ..envs.retrieval_server import serve
+
     passages = load_corpus(cfg.corpus)  # a corpus it cannot read is a ConfigError naming `corpus`
     if cfg.dense:
         try:
