@@ -108,9 +108,9 @@ def test_console_script_propositions():
 
 def test_every_command_lists_its_keys(capsys):
     pytest.importorskip("torch")  # the LM commands' configs import torch
-    from trace_rl.cli import _config_classes
+    from trace_rl.cli import COMMANDS
 
-    for command in _config_classes():
+    for command in COMMANDS:
         assert main([command, "--help"]) == 0, command
         text = capsys.readouterr().out
         assert text.startswith(f"usage: trace-rl {command}") and "=" in text

@@ -12,6 +12,7 @@ import pytest
 
 from trace_rl import cli
 from trace_rl.cli import main
+from trace_rl.commands import propositions
 
 
 @pytest.fixture
@@ -146,13 +147,13 @@ def boom(exc: BaseException):
 def test_an_internal_error_keeps_its_traceback(files, monkeypatch):
     # a ValueError or FileNotFoundError from inside a command is a bug, not a bad setting: it is not hidden
     for exc in (ValueError("a bug"), FileNotFoundError("a bug"), KeyError("a bug")):
-        monkeypatch.setattr(cli, "_propositions", boom(exc))
+        monkeypatch.setattr(propositions, "run", boom(exc))
         with pytest.raises(type(exc)):
             main(["propositions"])
     script = (
-        "import sys, trace_rl.cli as c\n"
+        "import sys, trace_rl.cli as c, trace_rl.commands.propositions as p\n"
         "def run(cfg, y): raise ValueError('an internal error')\n"
-        "c._propositions = run\n"
+        "p.run = run\n"
         "sys.exit(c.main(['propositions']))\n"
     )
     src = Path(cli.__file__).parents[1]
@@ -167,11 +168,11 @@ def test_an_internal_error_keeps_its_traceback(files, monkeypatch):
 
 
 def test_a_missing_optional_package_is_one_line_but_a_missing_module_of_trace_rl_is_a_bug(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_propositions", boom(ModuleNotFoundError("No module named 'bm25s'", name="bm25s")))
+    monkeypatch.setattr(propositions, "run", boom(ModuleNotFoundError("No module named 'bm25s'", name="bm25s")))
     assert main(["propositions"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'bm25s'" in err and "not installed" in err
-    monkeypatch.setattr(cli, "_propositions", boom(ModuleNotFoundError("gone", name="trace_rl.gone")))
+    monkeypatch.setattr(propositions, "run", boom(ModuleNotFoundError("gone", name="trace_rl.gone")))
     with pytest.raises(ModuleNotFoundError):
         main(["propositions"])
 

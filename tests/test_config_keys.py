@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trace_rl.cli import _config_classes, _load_class
+from trace_rl.cli import COMMANDS
 from trace_rl.config import _docs, _leaves, _nested
 from trace_rl.envs.registry import BUILTINS, resolve_env
 
@@ -65,7 +65,7 @@ def undocumented_keys(cls) -> list[str]:
     return [key for key, (owner, name) in _declared(cls).items() if not _docs(owner).get(name)]
 
 
-COMMANDS = sorted(_config_classes())
+NAMES = sorted(COMMANDS)
 # keys whose only reader is their own __post_init__, because that is where they take effect
 DERIVED = {("simulate", "ablation"), ("simulate", "preset")}  # choose the default methods / fill unset settings
 
@@ -75,10 +75,10 @@ def reads():
     return _reads(SRC.rglob("*.py"))
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("command", NAMES)
 def test_every_listed_key_has_a_doc_and_is_read(command, reads):
     try:
-        cls = _load_class(_config_classes()[command][0])
+        cls = COMMANDS[command].config_class()
     except ImportError as err:
         pytest.skip(f"{command} needs a package that is not installed ({err})")
     assert set(_declared(cls)) == set(_leaves(cls))  # the keys checked are the keys --help lists
@@ -127,7 +127,7 @@ def test_inherited_settings_keep_their_docs_and_follow_a_commands_own():
     from trace_rl.stack.config import LMRunConfig
 
     try:
-        cls = _load_class(_config_classes()["rollout"][0])
+        cls = COMMANDS["rollout"].config_class()
     except ImportError as err:
         pytest.skip(f"rollout needs a package that is not installed ({err})")
     assert issubclass(cls, LMRunConfig)
@@ -141,8 +141,8 @@ def test_inherited_settings_keep_their_docs_and_follow_a_commands_own():
 
 def test_help_shows_the_commands_own_default_of_a_group_it_overrides():
     pytest.importorskip("torch")  # train's config holds the update's, which names torch's attention kernels
+    from trace_rl.commands.rollout import RolloutConfig
     from trace_rl.config import help_text
-    from trace_rl.train.rollout_compare import RolloutConfig
     from trace_rl.train.trainer import TrainConfig
 
     train, rollout = help_text(TrainConfig, "train"), help_text(RolloutConfig, "rollout")

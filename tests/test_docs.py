@@ -76,16 +76,16 @@ def readme_commands() -> list[str]:
 
 def test_readme_commands_name_known_commands_and_keys():
     pytest.importorskip("torch")  # the LM commands' configs import the training layer
-    from trace_rl.cli import _config_classes, _load_class
+    from trace_rl.cli import COMMANDS
     from trace_rl.config import _overrides
 
-    commands = _config_classes()
+    commands = COMMANDS
     found = readme_commands()
     assert len(found) >= 10, "the README's command block was not found"
     for line in found:
         name, *args = shlex.split(line)[1:]
         assert name in commands, f"{line}: no command {name!r}"
-        cls_spec, _, positional, _ = commands[name]
+        positional = commands[name].positional
         if positional:  # `trace-rl view FILE ...`: what the command line does with a bare argument
             args = [a if "=" in a or a.startswith("--") else f"{positional}={a}" for a in args]
-        _overrides(_load_class(cls_spec), args)  # raises ConfigError naming an unknown key
+        _overrides(commands[name].config_class(), args)  # raises ConfigError naming an unknown key

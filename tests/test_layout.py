@@ -47,7 +47,8 @@ RANK = {
     "viewer": 8,
     "config": 8,
     "diagnose": 9,
-    "cli": 10,
+    "commands": 10,
+    "cli": 11,
 }
 # what each unit holds, for the docs' table (a unit missing here fails test_every_unit_is_ranked_and_described)
 HOLDS = {
@@ -68,18 +69,22 @@ HOLDS = {
     "server, BFCL; task loaders",
     "agent": "ReAct turns over token histories",
     "rollout": "the one TRACE step (`engine`, `grow`: generic over an Actor), the Ray executor, the LM actor "
-    "(also plays evaluation episodes), the metrics schema, pass@k evaluation",
+    "(also plays evaluation episodes), the metrics schema, the one report of methods x seeds at equal cost "
+    "(curves, intervals, tables, on `stats`), pass@k evaluation",
     "stack": "the settings groups every LM command shares (policy, predictor, engine; env: `env.name` and the "
     "chosen plug-in's own group `env.<name>.*`; torch-free) and the one builder of the LM stack: env spec, "
     "policy backend (hf, vllm or server), predictor, actor, engine",
     "testbed": "synthetic env with exact V, tabular policy and its Actor, oracle, `simulate`, propositions",
-    "train": "the policy update (losses, tree packing), the trainer, checkpoints, loggers, `sft`, `compare`, "
-    "`rollout` (the stack without the update)",
+    "train": "the policy update (losses, tree packing), the trainer, checkpoints, loggers, `sft`, `compare`",
     "integrations": "rows for verl and TRL; the verl plugin, the TRL rollout_func",
     "viewer": "HTML tree view",
     "config": "typed configs from YAML and key=value overrides; choice groups (env) typed by the choice made",
     "diagnose": "`diagnose`: the predictor's calibration from a run",
-    "cli": "the `trace-rl` command; imports each layer only for the command that needs it",
+    "commands": "one module per command: its config (or the one its layer builds) and `run(cfg, yaml_text) -> "
+    "summary`; `rollout` (the LM stack without the update), `eval`, `train`'s report and plots, `simulate`'s "
+    "summary over seeds",
+    "cli": "the `trace-rl` command: the public command table (config and runner of each, imported on use) and "
+    "the dispatcher",
 }
 
 

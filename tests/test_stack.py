@@ -253,7 +253,7 @@ def test_vllm_settings_become_engine_arguments_and_cpu_refuses_chunked_prefill()
 def test_device_auto_is_resolved_once_and_recorded_resolved(monkeypatch):
     import torch
 
-    from trace_rl.cli import EvalConfig
+    from trace_rl.commands.eval import EvalConfig
     from trace_rl.config import load_config
     from trace_rl.stack.config import resolve_device
 

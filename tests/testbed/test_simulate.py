@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from trace_rl.methods import BudgetPlan
-from trace_rl.rollout.records import format_table, summarize
+from trace_rl.rollout.report import format_table, summarize
 from trace_rl.testbed.propositions import check_propositions
 from trace_rl.testbed.simulate import SimulateConfig, TestbedPredictorConfig, run_simulation
 

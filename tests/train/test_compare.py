@@ -5,18 +5,16 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
 from trace_rl.methods import BudgetPlan  # noqa: E402
+from trace_rl.rollout.report import at_equal_cost  # noqa: E402
 from trace_rl.train import compare as cmp  # noqa: E402
 from trace_rl.train.compare import (  # noqa: E402
     CompareConfig,
-    at_equal_cost,
     check_pairing,
-    cost_points,
     curves,
     format_compare,
     parse_method,
@@ -122,12 +120,6 @@ def test_pairing_is_checked_per_seed():
     other = {"grpo": [run(0, 0.4, [0.5, 0.6])], "trace": [run(0, 0.45, [0.5, 0.6], pools_digest="zz")]}
     problems = check_pairing(other)
     assert len(problems) == 2 and "pools_digest" in problems[0] and "accuracy_before" in problems[1]
-
-
-def test_cost_points_place_every_seed_at_the_mean_cost_of_its_evaluation():
-    pts = cost_points([(np.array([0.0, 100.0]), np.array([0.4, 0.6])), (np.array([0.0, 120.0]), np.array([0.5, 0.7]))])
-    assert [[p["step"] for p in seed] for seed in pts] == [[-1, 109], [-1, 109]]
-    assert [p["eval/accuracy"] for p in pts[1]] == [0.5, 0.7]
 
 
 def test_methods_with_an_advantage_estimator():

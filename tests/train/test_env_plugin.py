@@ -94,11 +94,11 @@ def test_each_commands_default_env_draws_the_tasks_it_drew_before_plugins():
     make_tasks' own default. Same seed, same tasks, so the default runs' records are unchanged."""
     import dataclasses
 
-    from trace_rl.cli import EvalConfig
+    from trace_rl.commands.eval import EvalConfig
+    from trace_rl.commands.rollout import RolloutConfig
     from trace_rl.envs.calculator import TRAIN_MIX, make_tasks
     from trace_rl.stack.build import build_env
     from trace_rl.stack.config import LMEnvConfig
-    from trace_rl.train.rollout_compare import RolloutConfig
     from trace_rl.train.trainer import TrainConfig
 
     def default_env(cls):

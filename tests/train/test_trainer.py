@@ -40,6 +40,18 @@ def untimed(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if not k.startswith("timing_s/") and k != "train/peak_rss_gib"}
 
 
+def test_the_run_state_reads_every_trainer_state_file_and_writes_the_same_keys():
+    from trace_rl.train.trainer import RunState
+
+    old = {"step": 3, "accuracy_before": 0.25, "rollouts": 48, "pools_digest": "ab"}  # before the digests and start
+    state = RunState.from_json(old)
+    assert (state.step, state.rollouts, state.held_out_digest) == (3, 48, "")
+    assert state.before is None and state.flip_model is None
+    assert state.to_json() == {**old, "held_out_digest": ""}  # no before, no flip layer: not written
+    full = {**old, "held_out_digest": "cd", "before": {"accuracy": 0.25}, "flip_model": {"w": [0.5]}}
+    assert list(RunState.from_json(full).to_json().items()) == list(full.items())  # the order the trainer wrote
+
+
 def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     decay = "update.final_lr=0.5"  # the rate of a step is a function of the step: a resume sets the same one

@@ -360,7 +360,9 @@ def _protocol(limits: ServerLimits):
     return Protocol
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """localhost or a loopback IP: where `serve` listens unless allow_remote (also checked by the command's
+    config, before any work)."""
     if host == "localhost":
         return True
     try:
@@ -396,7 +398,7 @@ def serve(
     import uvicorn
 
     limits = limits or ServerLimits()
-    if not allow_remote and not _is_loopback(host):
+    if not allow_remote and not is_loopback(host):
         raise ValueError(
             f"host {host!r} is not a loopback address; the server has no authentication, so serving "
             "beyond this machine needs allow_remote=True"

@@ -16,7 +16,7 @@ A record is flat JSON with slash-namespaced keys (verl's and TRL's convention):
   real} .. d4plus_*
 - `timing_s/*`: generate, env, predictor, allocate, total, overhead, and what the command adds (update, eval)
 - `eval/*` and `train/*`: added by the command when it evaluates or trains (e.g. eval/accuracy)
-Summaries, plots and `diagnose` read these keys only.
+Summaries (`rollout.report`), plots and `diagnose` read these keys only.
 
 The file is strict JSON, which jq and other readers take: a value that is not a finite number (a standard error
 of one sample is NaN) is written as null, and `read_metrics` reads a null metric back as NaN, so the numbers in
@@ -31,7 +31,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -204,78 +204,3 @@ def keep_records_before(path: str | Path, step: int, warn: Callable[[str], None]
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text("".join(rec + "\n" for rec in keep), encoding="utf-8")
     os.replace(tmp, path)
-
-
-def average_runs(runs: list[dict[str, list[dict]]]) -> dict[str, list[dict]]:
-    """Step-wise mean of every numeric field over runs with different seeds (same methods and steps)."""
-    out: dict[str, list[dict]] = {}
-    for name in runs[0]:
-        out[name] = []
-        for step, first in enumerate(runs[0][name]):
-            recs = [run[name][step] for run in runs]
-            avg = {}
-            for k, v in first.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and all(k in r for r in recs):
-                    v = float(np.mean([r[k] for r in recs]))
-                avg[k] = v
-            avg["step"] = step
-            out[name].append(avg)
-    return out
-
-
-def _mean(recs: Iterable[dict], key: str) -> float:
-    vals = [r[key] for r in recs if key in r]
-    return float(np.mean(vals)) if vals else float("nan")
-
-
-def summarize(results: dict[str, list[dict]], baseline: str | None = None) -> list[dict]:
-    """One row per method: effective ratio (and vs the baseline, whole run and second half), contrast groups
-    per 1k rollouts, flips per continuation, final held-out accuracy where evaluated, budget and time."""
-    names = list(results)
-    baseline = baseline if baseline in results else ("grpo" if "grpo" in results else names[0])
-    rows = []
-    for name, recs in results.items():
-
-        def total(key: str, recs: list[dict] = recs) -> float:
-            return float(sum(r.get(key, 0) for r in recs))
-
-        rollouts, continuations = total("rollout/rollouts"), total("rollout/continuations")
-        second = recs[len(recs) // 2 :]
-        acc = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
-        row = {"method": name}
-        if "eval/accuracy_before" in recs[0]:
-            row["start_accuracy"] = recs[0]["eval/accuracy_before"]
-        if acc:
-            row["final_accuracy"] = acc[-1]
-        row.update(
-            {
-                "effective_ratio": _mean(recs, "rollout/effective_ratio"),
-                "er_second_half": _mean(second, "rollout/effective_ratio"),
-                "groups_per_1k": 1000.0 * total("rollout/contrast_groups") / max(rollouts, 1),
-                "flip_rate": total("rollout/flips") / continuations if continuations else float("nan"),
-                "rollouts": int(rollouts),
-                "turns": int(total("rollout/turns")),
-                "tokens": int(total("rollout/generated_tokens")),
-                "prefix_share": continuations / max(rollouts, 1),
-                "overhead_pct": 100 * total("timing_s/overhead") / max(total("timing_s/total"), 1e-12),
-                "wall_s": total("timing_s/total") + total("timing_s/update") + total("timing_s/eval"),
-            }
-        )
-        rows.append(row)
-    base = next(r for r in rows if r["method"] == baseline)
-    for r in rows:
-        for key, label in (("effective_ratio", ""), ("er_second_half", "_2nd_half")):
-            r[f"vs_{baseline}{label}"] = r[key] / base[key] if base[key] else float("nan")
-    return rows
-
-
-def format_table(rows: list[dict]) -> str:
-    """A plain-text table: first column left-aligned, floats to 3 decimals."""
-    cols = list(dict.fromkeys(c for r in rows for c in r))
-    cells = [[f"{r[c]:.3f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-
-    def line(vals):
-        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(vals, widths)))
-
-    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])

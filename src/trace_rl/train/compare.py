@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import json
 import math
 import os
@@ -49,22 +48,30 @@ import numpy as np
 
 from ..lm.warm_start import is_tiny
 from ..methods import METHODS
-from ..rollout.records import format_table, read_metrics
+from ..rollout.records import read_metrics
+from ..rollout.report import (
+    accuracy_curve,
+    at_equal_cost,
+    cost_points,
+    cost_to_target,
+    format_interval,
+    format_table,
+    interval,
+    paired_interval,
+    run_means,
+)
 from ..stack.config import check_seed
 from ..stack.env_config import upgrade_run_settings
-from ..stats import cost_to_target_ci, mean_ci, paired_bootstrap_ci
 from ..trace_config import check_advantage, check_methods
-from .checkpoint import checkpoints, setting_differences
+from .checkpoint import checkpoints
+from .run_settings import RUN_SETTINGS, finished, run_settings, start_settings
 from .trainer import TrainConfig, train
 
 BASELINE = "grpo"
 DEFAULT_METHODS = ("grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace")
-RUN_SETTINGS = "run_settings.json"
 # The protocol: defaults are chosen on tuning seeds (below 100; every default so far was chosen on seeds 0-9), and
 # results are reported on evaluation seeds (100 and up), on which no choice is ever made.
 FIRST_EVALUATION_SEED = 100
-# settings that do not change what a run computes (where it writes, how it reports, whether it resumes)
-NOT_SETTINGS = ("out", "resume", "progress", "logger", "save_every", "keep_last")
 
 
 def parse_method(spec: str) -> tuple[str, str]:
@@ -125,79 +132,6 @@ class CompareConfig:
             )
 
 
-def run_settings(cfg: TrainConfig) -> dict:
-    """What a run computes from: its config without where it writes and how it reports."""
-    d = dataclasses.asdict(cfg)
-    return _without_unread(json.loads(json.dumps({k: v for k, v in d.items() if k not in NOT_SETTINGS}, default=str)))
-
-
-def _without_unread(settings: dict) -> dict:
-    """A method that never branches never reads budget.branch_factor or predictor.flip_model (stage 2's), and its
-    turns each lie on one path, so update.weighting (how a turn shared by k leaves is weighted) leaves it
-    unchanged: one GRPO run serves a study at any N, weighting or flip model."""
-    if settings.get("method") in METHODS and not METHODS[settings["method"]].branches:
-        settings.get("budget", {}).pop("branch_factor", None)
-        settings.get("update", {}).pop("weighting", None)
-        settings.get("predictor", {}).pop("flip_model", None)
-    return settings
-
-
-_ABSENT = object()
-
-
-def _leaf(settings: dict, key: str):
-    for part in key.split("."):
-        if not isinstance(settings, dict) or part not in settings:
-            return _ABSENT
-        settings = settings[part]
-    return settings
-
-
-def _default_setting(key: str):
-    """The declared default of a dotted TrainConfig key, as run_settings writes it (JSON types)."""
-    cls = TrainConfig
-    for i, part in enumerate(parts := key.split(".")):
-        field = next((f for f in dataclasses.fields(cls) if f.name == part), None)
-        if field is None:
-            return _ABSENT
-        if field.default is not dataclasses.MISSING:
-            value = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            value = field.default_factory()
-        else:
-            return _ABSENT
-        if dataclasses.is_dataclass(value) and i < len(parts) - 1:
-            cls = type(value)
-            continue
-        value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-        return json.loads(json.dumps(value, default=str)) if i == len(parts) - 1 else _ABSENT
-    return _ABSENT
-
-
-def _added_since_at_default(key: str, stored: dict, current: dict) -> bool:
-    """A setting the run's file does not hold (added to the code after the run) whose value now is its default:
-    a new setting's default keeps what the code did before it, so the run is one of these settings."""
-    default = _default_setting(key)
-    return _leaf(stored, key) is _ABSENT and default is not _ABSENT and _leaf(current, key) == default
-
-
-def _finished(run: Path, cfg: TrainConfig) -> bool:
-    """True if `run` holds a finished run of `cfg`; raises if it holds a run of other settings."""
-    path = run / RUN_SETTINGS
-    if not path.exists():
-        return False
-    stored = _without_unread(upgrade_run_settings(json.loads(path.read_text())))
-    current = run_settings(cfg)
-    diff = [k for k in setting_differences(stored, current) if not _added_since_at_default(k, stored, current)]
-    if diff:
-        raise ValueError(
-            f"out: {run} holds a run with other settings (differs in {', '.join(diff)}); "
-            "use another out, or the settings it was run with"
-        )
-    summary = run / "train_summary.json"
-    return summary.exists() and json.loads(summary.read_text()).get("steps") == cfg.steps
-
-
 def pair_name(warm: int, seed: int) -> str:
     """A pair's directory name: seed{S} on the first warm start (as studies before warm starts were laid out),
     ws{W}-seed{S} on another."""
@@ -220,13 +154,6 @@ def _run_config(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Trai
     return run_cfg
 
 
-def start_settings(cfg: TrainConfig) -> dict:
-    """What the evaluation before training computes from: the start policy, the held-out tasks (seed, env,
-    count) and the sampling; not the method, its budget or its update."""
-    d = run_settings(cfg)
-    return {k: d[k] for k in ("seed", "eval_tasks", "eval_samples", "policy", "env", "engine")}
-
-
 def run_one(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Path:
     """Train (or resume, or just find) one method's run on one pair; returns its directory. The evaluation
     before training is computed once per pair, by the first run that needs it, under a lock that the pair's
@@ -234,7 +161,7 @@ def run_one(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Path:
     run_cfg = _run_config(cfg, spec, seed, warm)
     run = Path(run_cfg.out)
     label = f"{spec}, {'warm start ' + str(warm) + ', ' if warm else ''}seed {seed}"
-    if _finished(run, run_cfg):
+    if finished(run, run_cfg):
         print(f"== {label}: finished, read from {run}", file=sys.stderr)
         return run
     run.mkdir(parents=True, exist_ok=True)
@@ -309,7 +236,7 @@ def load_runs(out: Path, methods: list[str], cfg: CompareConfig | None = None) -
             if pair is None or (cfg is not None and pair[0] not in cfg.warm_starts):
                 continue
             summary = json.loads(summary_path.read_text())
-            if cfg is not None and not _finished(summary_path.parent, _run_config(cfg, spec, pair[1], pair[0])):
+            if cfg is not None and not finished(summary_path.parent, _run_config(cfg, spec, pair[1], pair[0])):
                 continue  # fewer steps than asked: not finished under these settings
             recs = read_metrics(summary_path.parent / "metrics.jsonl")
             summary["records"] = next(iter(recs.values()), [])
@@ -357,24 +284,13 @@ def check_pairing(runs: dict[str, list[dict]]) -> list[str]:
 
 
 def curves(summary: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Held-out accuracy against rollouts and against generated tokens spent, from (0, accuracy before)."""
-    rollouts, tokens, acc = [0.0], [0.0], [summary["accuracy_before"]]
-    spent = 0.0
-    for r in summary["records"]:
-        spent += r["rollout/generated_tokens"]
-        if "eval/accuracy" in r:
-            rollouts.append(float(r["train/rollouts_total"]))
-            tokens.append(spent)
-            acc.append(r["eval/accuracy"])
-    y = np.array(acc, dtype=float)
-    return {"rollouts": (np.array(rollouts), y), "tokens": (np.array(tokens), y)}
-
-
-def at_equal_cost(ours: tuple[np.ndarray, np.ndarray], theirs: tuple[np.ndarray, np.ndarray]) -> tuple[float, float]:
-    """Both curves' accuracy at the smaller of their two final costs (linear between evaluations): a method that
-    spent fewer tokens is read at its end, the other where it had spent as many."""
-    cost = min(ours[0][-1], theirs[0][-1])
-    return float(np.interp(cost, *ours)), float(np.interp(cost, *theirs))
+    """Held-out accuracy against rollouts (the trainer's running total) and against generated tokens spent,
+    from (0, accuracy before)."""
+    recs, start = summary["records"], summary["accuracy_before"]
+    return {
+        "rollouts": accuracy_curve(recs, start, "train/rollouts_total", running_total=True),
+        "tokens": accuracy_curve(recs, start, "rollout/generated_tokens"),
+    }
 
 
 def mean_trained_accuracy(summary: dict) -> float:
@@ -382,15 +298,6 @@ def mean_trained_accuracy(summary: dict) -> float:
     swings from one evaluation to the next by more than the sampling error; the mean over the run's evaluations
     is less at the mercy of where the last step happened to land than the final accuracy alone."""
     return float(np.mean(curves(summary)["rollouts"][1][1:]))
-
-
-def _ci(values: list[float]) -> dict:
-    m, lo, hi = mean_ci(values)
-    return {"mean": m, "lo": lo, "hi": hi}
-
-
-def _per_run_mean(seeds: list[dict], key: str) -> list[float]:
-    return [float(np.mean([r[key] for r in s["records"] if key in r] or [math.nan])) for s in seeds]
 
 
 def _pair(summary: dict) -> str:
@@ -407,7 +314,7 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
         recs = [s["records"] for s in seeds]
         rollouts = [sum(r["rollout/rollouts"] for r in rs) for rs in recs]
         groups = [1000 * sum(r["rollout/contrast_groups"] for r in rs) / max(n, 1) for rs, n in zip(recs, rollouts)]
-        er = _per_run_mean(seeds, "rollout/effective_ratio")
+        er = run_means(recs, "rollout/effective_ratio")
         row = {
             "method": spec,
             "allocation": name,
@@ -415,17 +322,17 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             "seeds": [s["seed"] for s in seeds],
             "pairs": [_pair(s) for s in seeds],
             "warm_starts": sorted({s.get("warm", 0) for s in seeds}),
-            "acc_before": _ci([s["accuracy_before"] for s in seeds]),
-            "acc_after": _ci([s["accuracy_after"] for s in seeds]),
-            "gain": _ci([s["accuracy_after"] - s["accuracy_before"] for s in seeds]),
-            "acc_mean": _ci([mean_trained_accuracy(s) for s in seeds]),
+            "acc_before": interval([s["accuracy_before"] for s in seeds]),
+            "acc_after": interval([s["accuracy_after"] for s in seeds]),
+            "gain": interval([s["accuracy_after"] - s["accuracy_before"] for s in seeds]),
+            "acc_mean": interval([mean_trained_accuracy(s) for s in seeds]),
             "eval_se": float(np.mean([s.get("accuracy_se") or math.nan for s in seeds])),
             "eval_se_sampling": float(np.mean([s.get("accuracy_se_sampling") or math.nan for s in seeds])),
-            "effective_ratio": _ci(er),
-            "groups_per_1k": _ci(groups),
-            "adv_nonzero_token_share": _ci(_per_run_mean(seeds, "train/adv_nonzero_token_share")),
-            "grad_norm": _ci(_per_run_mean(seeds, "train/grad_norm")),
-            "update_kl": _ci(_per_run_mean(seeds, "train/update_kl")),
+            "effective_ratio": interval(er),
+            "groups_per_1k": interval(groups),
+            "adv_nonzero_token_share": interval(run_means(recs, "train/adv_nonzero_token_share")),
+            "grad_norm": interval(run_means(recs, "train/grad_norm")),
+            "update_kl": interval(run_means(recs, "train/update_kl")),
             "rollouts": float(np.mean(rollouts)),
             "tokens": float(np.mean([sum(r["rollout/generated_tokens"] for r in rs) for rs in recs])),
             "wall_s": float(
@@ -437,37 +344,24 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
         paired = [s for s in seeds if _pair(s) in base]
         if paired:
             ours, theirs = [s["accuracy_after"] for s in paired], [base[_pair(s)]["accuracy_after"] for s in paired]
-            m, lo, hi = paired_bootstrap_ci(ours, theirs)
-            row["diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
-            m, lo, hi = paired_bootstrap_ci(
-                [mean_trained_accuracy(s) for s in paired], [mean_trained_accuracy(base[_pair(s)]) for s in paired]
+            row["diff_vs_grpo"] = {**paired_interval(ours, theirs), "seeds": len(paired)}
+            trained = (
+                [mean_trained_accuracy(s) for s in paired],
+                [mean_trained_accuracy(base[_pair(s)]) for s in paired],
             )
-            row["mean_diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
+            row["mean_diff_vs_grpo"] = {**paired_interval(*trained), "seeds": len(paired)}
             ours_t, theirs_t = zip(
                 *[at_equal_cost(curves(s)["tokens"], curves(base[_pair(s)])["tokens"]) for s in paired]
             )
-            m, lo, hi = paired_bootstrap_ci(list(ours_t), list(theirs_t))
-            row["tokens_diff_vs_grpo"] = {"mean": m, "lo": lo, "hi": hi, "seeds": len(paired)}
-            base_er = float(np.mean(_per_run_mean([base[_pair(s)] for s in paired], "rollout/effective_ratio")))
+            row["tokens_diff_vs_grpo"] = {**paired_interval(list(ours_t), list(theirs_t)), "seeds": len(paired)}
+            base_er = float(np.mean(run_means([base[_pair(s)]["records"] for s in paired], "rollout/effective_ratio")))
             ours_er = float(np.mean([e for e, s in zip(er, seeds) if _pair(s) in base]))
             row["er_vs_grpo"] = ours_er / base_er if base_er else math.nan
             for cost in ("rollouts", "tokens"):
-                m, lo, hi, n = cost_to_target_ci([curves(s)[cost] for s in paired], theirs)
-                row[f"{cost}_to_grpo_final"] = {"mean": m, "lo": lo, "hi": hi, "reached": n, "seeds": len(paired)}
+                reach = cost_to_target([curves(s)[cost] for s in paired], theirs)
+                row[f"{cost}_to_grpo_final"] = {**reach, "seeds": len(paired)}
         rows.append(row)
     return rows
-
-
-def _fmt_ci(v: dict | None, digits: int = 3, signed: bool = False) -> str:
-    if not v or math.isnan(v["mean"]):
-        return "-"
-    spec = f"{'+' if signed else ''}.{digits}f" if digits else ",.0f"
-    text = f"{v['mean']:{spec}}"
-    if not math.isnan(v["lo"]):
-        text += f" [{v['lo']:{spec}}, {v['hi']:{spec}}]"
-    if "reached" in v:
-        text += f" ({v['reached']}/{v['seeds']})"
-    return text
 
 
 def format_compare(rows: list[dict]) -> str:
@@ -480,16 +374,16 @@ def format_compare(rows: list[dict]) -> str:
                 "method": r["method"],
                 "advantage": r["advantage"],
                 "seeds": str(len(r["pairs"])),
-                "acc_before": _fmt_ci(r["acc_before"]),
-                "acc_after": _fmt_ci(r["acc_after"]),
-                "gain": _fmt_ci(r["gain"], signed=True),
-                "after_vs_grpo": _fmt_ci(r.get("diff_vs_grpo"), signed=True),
-                "acc_mean": _fmt_ci(r["acc_mean"]),
-                "mean_vs_grpo": _fmt_ci(r.get("mean_diff_vs_grpo"), signed=True),
-                "equal_tokens_vs_grpo": _fmt_ci(r.get("tokens_diff_vs_grpo"), signed=True),
-                "rollouts_to_grpo_final": _fmt_ci(reach, digits=0) if reach and reach["reached"] else "-",
-                "tokens_to_grpo_final": _fmt_ci(r.get("tokens_to_grpo_final"), digits=0) if reach else "-",
-                "effective_ratio": _fmt_ci(r["effective_ratio"]),
+                "acc_before": format_interval(r["acc_before"]),
+                "acc_after": format_interval(r["acc_after"]),
+                "gain": format_interval(r["gain"], signed=True),
+                "after_vs_grpo": format_interval(r.get("diff_vs_grpo"), signed=True),
+                "acc_mean": format_interval(r["acc_mean"]),
+                "mean_vs_grpo": format_interval(r.get("mean_diff_vs_grpo"), signed=True),
+                "equal_tokens_vs_grpo": format_interval(r.get("tokens_diff_vs_grpo"), signed=True),
+                "rollouts_to_grpo_final": format_interval(reach, 0, sep=",") if reach and reach["reached"] else "-",
+                "tokens_to_grpo_final": format_interval(r.get("tokens_to_grpo_final"), 0, sep=",") if reach else "-",
+                "effective_ratio": format_interval(r["effective_ratio"]),
                 "er_vs_grpo": f"{r['er_vs_grpo']:.2f}" if not math.isnan(r.get("er_vs_grpo", math.nan)) else "-",
                 "groups_per_1k": f"{r['groups_per_1k']['mean']:.0f}",
                 "nonzero_adv_tokens": f"{r['adv_nonzero_token_share']['mean']:.3f}",
@@ -520,17 +414,6 @@ def format_compare(rows: list[dict]) -> str:
         if se:
             note += f"\nstandard error of one final evaluation, {what}: {np.mean(se):.3f}"
     return note + "\n" + format_table(cells)
-
-
-def cost_points(seed_curves: list[tuple[np.ndarray, np.ndarray]]) -> list[list[dict]]:
-    """Per seed, its accuracy records placed at the mean cost over seeds of the same evaluation (the i-th
-    evaluation of every seed comes after the same steps; token costs differ a little per seed), so the plot
-    draws one mean curve with a seed band instead of a zig-zag through every seed's own x. The start is at 0."""
-    longest = max(len(x) for x, _ in seed_curves)
-    at = [np.mean([x[i] for x, _ in seed_curves if len(x) > i]) for i in range(longest)]
-    return [
-        [{"step": int(round(at[i])) - 1, "eval/accuracy": float(y[i])} for i in range(len(y))] for _, y in seed_curves
-    ]
 
 
 def plot_compare(runs: dict[str, list[dict]], out: Path) -> None:

@@ -229,7 +229,34 @@ def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kilobytes on Linux
 
 
-def _finished_summary(cfg: TrainConfig, out: Path, state: dict) -> dict:
+@dataclass
+class RunState:
+    """What a run has reached, saved in each checkpoint as trainer_state.json and read back on resume: the step
+    (also the data position: pools are drawn per step from the seed), the evaluation before training, rollouts
+    spent, the digests of the held-out tasks and of the pools so far (`compare` checks that paired runs share
+    them), and the calibrated flip layer's state. The file's keys are these fields' names; a checkpoint written
+    before a field existed reads it as its default."""
+
+    step: int = 0
+    accuracy_before: float | None = None
+    rollouts: int = 0
+    pools_digest: str = ""
+    held_out_digest: str = ""
+    before: dict | None = None  # the evaluation before training (accuracy and its standard errors)
+    flip_model: dict | None = None  # predictors.flip's state, with predictor.flip_model=calibrated
+
+    def to_json(self) -> dict:
+        """The trainer_state.json document; `before` and `flip_model` only when set (as files always held)."""
+        doc = dataclasses.asdict(self)
+        return {k: v for k, v in doc.items() if v is not None or k not in ("before", "flip_model")}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> RunState:
+        """From a checkpoint's trainer_state.json (`checkpoint.read_checkpoint` has checked its step)."""
+        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})
+
+
+def _finished_summary(cfg: TrainConfig, out: Path, state: RunState) -> dict:
     """The summary of a run that already reached its steps: the one it wrote, else what its checkpoint holds."""
     try:
         summary = read_json(out / "train_summary.json", strict=False)
@@ -240,11 +267,11 @@ def _finished_summary(cfg: TrainConfig, out: Path, state: dict) -> dict:
     return {
         "method": cfg.method,
         "seed": cfg.seed,
-        "steps": state["step"],
+        "steps": state.step,
         "accuracy_after": None,
         "out": str(out),
-        "accuracy_before": state.get("accuracy_before"),
-        "rollouts": state.get("rollouts", 0),
+        "accuracy_before": state.accuracy_before,
+        "rollouts": state.rollouts,
         "peak_rss_gib": _peak_rss_gib(),
     }
 
@@ -275,7 +302,7 @@ def train(
     ckpt = resume_point(out, lambda line: print(line, file=sys.stderr), run) if cfg.resume and found else None
     if ckpt and ckpt.step >= cfg.steps:  # nothing left to train: say so, and hand back what the run reached
         print(f"{out} already reached step {ckpt.step} (steps={cfg.steps}); raise steps to train on", file=sys.stderr)
-        return _finished_summary(cfg, out, ckpt.state)
+        return _finished_summary(cfg, out, RunState.from_json(ckpt.state))
     spec = build_env(cfg.env)  # a corpus or sandbox problem stops the run before the warm start
     warmup = [] if ckpt else cfg.predictor.warmup_trees()  # a resumed run's predictor is in its checkpoint
     start_model = ensure_policy(cfg)
@@ -293,10 +320,10 @@ def train(
     method = trace.method_spec
     predictor = build_predictor(cfg.predictor, method, cfg.seed, warmup)
     summary_path = out / "train_summary.json"
-    state = {"step": 0, "accuracy_before": None, "rollouts": 0, "pools_digest": ""}
+    state = RunState()
     if ckpt:
         restore(ckpt, model, optimizer)
-        predictor, state, start = ckpt.predictor, ckpt.state, ckpt.step
+        predictor, state, start = ckpt.predictor, RunState.from_json(ckpt.state), ckpt.step
         print(f"resumed from {ckpt.path} (step {start})", file=sys.stderr)
     ref_model = None
     if cfg.update.kl_coef > 0:
@@ -323,13 +350,13 @@ def train(
         executor=make_executor(cfg.executor, cfg.ray),
         flip_model=cfg.predictor.flip_model,
     )
-    if engine.flip_model is not None and state.get("flip_model"):  # a resumed run's layer, as it was saved
-        engine.flip_model.load_state_dict(state["flip_model"])
+    if engine.flip_model is not None and state.flip_model:  # a resumed run's layer, as it was saved
+        engine.flip_model.load_state_dict(state.flip_model)
     held_out = spec.held_out(cfg.eval_tasks, derive_seed(cfg.seed, "held-out"))
     pool = trace.budget.pool
     advantage = trace.advantage_name
 
-    state["held_out_digest"] = task_digest(held_out)
+    state.held_out_digest = task_digest(held_out)
     if start == 0:
         model.eval()
         if not before:
@@ -337,8 +364,8 @@ def train(
             if on_before:
                 on_before(before)
         before = dict(before)
-        state["accuracy_before"] = before["accuracy"]
-        state["before"] = before
+        state.accuracy_before = before["accuracy"]
+        state.before = before
         print(
             f"held-out accuracy before training: {before['accuracy']:.3f} (standard error over tasks "
             f"{before['accuracy_se']:.3f}, of the sampling on these tasks {before['accuracy_se_sampling']:.3f})",
@@ -348,7 +375,7 @@ def train(
     try:
         for step in range(start, cfg.steps):
             tasks = spec.train(pool, derive_seed(cfg.seed, "pool", step))
-            state["pools_digest"] = task_digest(tasks, state.get("pools_digest", ""))
+            state.pools_digest = task_digest(tasks, state.pools_digest)
             backend.clear_cache()  # a step never depends on what earlier steps or evaluations left cached
             model.eval()
             result = engine.grow(tasks, method, step)
@@ -373,8 +400,8 @@ def train(
             rec.timing_s["update"] = time.perf_counter() - t0
             rec.train.update({k.split("/", 1)[1]: v for k, v in stats.items()})
             rec.train["lr"] = lr
-            state["rollouts"] += result.rollouts
-            rec.train["rollouts_total"] = state["rollouts"]
+            state.rollouts += result.rollouts
+            rec.train["rollouts_total"] = state.rollouts
             if step == 0 and before:  # the start of every accuracy curve: 0 rollouts
                 rec.eval.update({f"{k}_before" if k == "accuracy" else f"before_{k}": v for k, v in before.items()})
             write_predictions(out, result, step, start)
@@ -386,11 +413,12 @@ def train(
             rec.train["peak_rss_gib"] = _peak_rss_gib()
             record = rec.flat()
             logger.log(record)
-            state["step"] = step + 1
+            state.step = step + 1
             if engine.flip_model is not None:  # the calibrated flip layer resumes from the checkpoint's state
-                state["flip_model"] = engine.flip_model.state_dict()
+                state.flip_model = engine.flip_model.state_dict()
             if (step + 1) % cfg.save_every == 0 or last:
-                save_checkpoint(out, step + 1, model, tok, optimizer, predictor, state, config_yaml, cfg.keep_last, run)
+                doc = state.to_json()
+                save_checkpoint(out, step + 1, model, tok, optimizer, predictor, doc, config_yaml, cfg.keep_last, run)
     finally:
         logger.close()
         policy.close()
@@ -398,15 +426,15 @@ def train(
         "method": cfg.method,
         "seed": cfg.seed,
         "steps": cfg.steps,
-        "accuracy_before": state.get("accuracy_before"),
-        "before": state.get("before"),
+        "accuracy_before": state.accuracy_before,
+        "before": state.before,
         "accuracy_after": record.get("eval/accuracy"),
         "accuracy_se": record.get("eval/accuracy_se"),
         "accuracy_se_sampling": record.get("eval/accuracy_se_sampling"),
-        "rollouts": state["rollouts"],
+        "rollouts": state.rollouts,
         "warm_start": start_model,
-        "held_out_digest": state["held_out_digest"],
-        "pools_digest": state.get("pools_digest", ""),
+        "held_out_digest": state.held_out_digest,
+        "pools_digest": state.pools_digest,
         "peak_rss_gib": _peak_rss_gib(),
         "out": str(out),
     }

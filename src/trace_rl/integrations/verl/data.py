@@ -77,9 +77,3 @@ def write_verl_data(cfg: VerlDataConfig) -> dict[str, int]:
         path = out / f"{split}.parquet"
         counts[str(path)] = write_rows(tasks, Path(name).stem, path)
     return counts
-
-
-def run_verl_data(cfg: VerlDataConfig) -> None:
-    """`trace-rl verl-data`: write both files and say how many rows each holds."""
-    for path, n in write_verl_data(cfg).items():
-        print(f"{path}: {n} rows")

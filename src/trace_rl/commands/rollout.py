@@ -2,17 +2,20 @@
 
 No policy update: every method samples from the same model, sees the same candidate pools, and runs the one
 TRACE step (`engine`) with the LM actor, so its predictor learns online from its own trees (a fresh predictor
-per method), as in training. It lives beside the trainer because both are built on the LM stack
-(`stack.build`): the same policy, backend, env and engine, without the update.
+per method), as in training. It is built on the LM stack (`stack.build`) as `train` is: the same policy,
+backend, env and engine, without the update. `run` writes the summary table (`rollout.report.summarize`) and the
+effective-ratio plot.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import write_config
 from ..predictors.diagnostics import node_records
 from ..rollout.engine import make_executor
 from ..rollout.records import MetricsWriter, step_record
@@ -111,3 +114,23 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
         gc.unfreeze()  # a caller that runs main() again (the tests) gets its garbage collected as before
         policy.close()
     return results
+
+
+def run(cfg: RolloutConfig, yaml_text: str) -> list[dict]:
+    """Grow every method's trees, print and write rollout_summary.json / .txt and the plot; returns the rows."""
+    from ..plots import plot_metric
+    from ..rollout.report import format_table, summarize
+
+    out = Path(cfg.out)
+    write_config(yaml_text, out)
+    results = run_rollout(cfg)
+    rows = summarize(results)
+    table = format_table(rows)
+    print(table)
+    (out / "rollout_summary.json").write_text(json.dumps(rows, indent=2))
+    (out / "rollout_summary.txt").write_text(table + "\n")
+    plot_metric(
+        results, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)"
+    )
+    print(f"\nwrote {out}/config.yaml, rollout_summary.json, metrics.jsonl, predictions.jsonl, effective_ratio.png")
+    return rows
