@@ -1,0 +1,106 @@
+"""Paired differences between any two methods of `trace-rl compare` runs (the LM task), where `compare`'s own table
+pairs every method with GRPO only: an ablation reads each variant against another (root-only against uniform).
+
+    python bench/lm_paired.py runs/eval --pair trace_root_only trace_uniform --pair trace trace_prefix_only
+
+OUT is a compare output directory (OUT/<method>/<pair>/train_summary.json, a pair being `seed<k>` or
+`ws<W>-seed<k>`); methods are named as compare names them (`trace:grpo` or its directory name `trace_adv-grpo`).
+Only pairs both methods finished are used, and only evaluation seeds (100 and up) unless --tuning is given.
+
+Prints one line per method (pairs, accuracy before and after, gain, the mean of the evaluations after the start,
+effective ratio, each with a t interval over pairs) and one per pair of methods a - b: the paired difference of
+final accuracy, of the mean of evaluations, and at equal tokens (both curves read at the smaller token total), each
+with a paired percentile-bootstrap 95% interval over the pairs, the ratio of the mean effective ratios, and the
+per-warm-start means of the final difference (a sign shared by every warm start is what the protocol asks for).
+The figures come from `trace_rl.train.compare` and `trace_rl.rollout.report`, the functions compare's table uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from trace_rl.rollout.report import at_equal_cost, format_interval, format_table, interval, paired_interval, run_means
+from trace_rl.train.compare import FIRST_EVALUATION_SEED, curves, load_runs, mean_trained_accuracy
+
+
+def _spec(name: str) -> str:
+    """A method as compare names it: the directory name `trace_adv-grpo` is `trace:grpo`."""
+    method, sep, adv = name.partition("_adv-")
+    return f"{method}:{adv}" if sep else name
+
+
+def load(out: Path, methods: list[str], tuning: bool) -> dict[str, dict[str, dict]]:
+    """{method: {pair: summary with records}} of the finished runs under `out`."""
+    runs = load_runs(out, methods)
+    by_pair = {}
+    for spec in methods:
+        kept = [s for s in runs.get(spec, []) if tuning or s["seed"] >= FIRST_EVALUATION_SEED]
+        if not kept:
+            raise SystemExit(f"{out}: no finished run of {spec!r}" + ("" if tuning else " on evaluation seeds"))
+        by_pair[spec] = {s["pair"]: s for s in kept}
+    return by_pair
+
+
+def method_row(spec: str, runs: dict[str, dict]) -> dict:
+    seeds = list(runs.values())
+    er = run_means([s["records"] for s in seeds], "rollout/effective_ratio")
+    return {
+        "method": spec,
+        "pairs": str(len(seeds)),
+        "acc_before": format_interval(interval([s["accuracy_before"] for s in seeds])),
+        "acc_after": format_interval(interval([s["accuracy_after"] for s in seeds])),
+        "gain": format_interval(interval([s["accuracy_after"] - s["accuracy_before"] for s in seeds]), signed=True),
+        "acc_mean": format_interval(interval([mean_trained_accuracy(s) for s in seeds])),
+        "effective_ratio": format_interval(interval(er)),
+    }
+
+
+def pair_row(a: str, b: str, runs: dict[str, dict[str, dict]]) -> dict:
+    """a - b over the pairs both hold (the module docstring lists the columns)."""
+    common = sorted(set(runs[a]) & set(runs[b]))
+    if not common:
+        raise SystemExit(f"{a} and {b} share no finished pair")
+    ra, rb = [runs[a][p] for p in common], [runs[b][p] for p in common]
+    final = paired_interval([s["accuracy_after"] for s in ra], [s["accuracy_after"] for s in rb])
+    mean = paired_interval([mean_trained_accuracy(s) for s in ra], [mean_trained_accuracy(s) for s in rb])
+    tokens = paired_interval(*zip(*[at_equal_cost(curves(x)["tokens"], curves(y)["tokens"]) for x, y in zip(ra, rb)]))
+    er_a = np.mean(run_means([s["records"] for s in ra], "rollout/effective_ratio"))
+    er_b = np.mean(run_means([s["records"] for s in rb], "rollout/effective_ratio"))
+    by_warm: dict[int, list[float]] = {}
+    for x, y in zip(ra, rb):
+        by_warm.setdefault(x.get("warm", 0), []).append(x["accuracy_after"] - y["accuracy_after"])
+    return {
+        "a - b": f"{a} - {b}",
+        "pairs": str(len(common)),
+        "final": format_interval(final, signed=True),
+        "mean_of_evals": format_interval(mean, signed=True),
+        "equal_tokens": format_interval(tokens, signed=True),
+        "er_a/er_b": f"{er_a / er_b:.2f}" if er_b else "-",
+        "final by warm start": ", ".join(f"tiny@{w}: {np.mean(d):+.3f}" for w, d in sorted(by_warm.items())),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="a trace-rl compare output directory")
+    parser.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), required=True, help="print A - B")
+    parser.add_argument("--tuning", action="store_true", help="also use tuning seeds (below 100)")
+    args = parser.parse_args(argv)
+    if not args.out.is_dir():
+        raise SystemExit(f"{args.out}: not a directory (give a trace-rl compare output directory)")
+    pairs = [(_spec(a), _spec(b)) for a, b in args.pair]
+    methods = list(dict.fromkeys(m for p in pairs for m in p))
+    runs = load(args.out, methods, args.tuning)
+    print(format_table([method_row(m, runs[m]) for m in methods]))
+    print()
+    print(format_table([pair_row(a, b, runs) for a, b in pairs], right_align=False))
+    print("\nmean [95% interval]: t over pairs per method, paired percentile bootstrap per difference")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""bench/lm_paired.py on a hand-written compare folder: paired differences between any two methods, by hand, and
+the refusals (no such method, no common pair, tuning seeds left out unless asked)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")  # the script reads runs through trace_rl.train.compare
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "lm_paired.py"
+_spec = importlib.util.spec_from_file_location("lm_paired", SCRIPT)
+lm_paired = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lm_paired)
+
+
+def _write_run(out: Path, method_dir: str, pair: str, seed: int, before: float, accs: list[float], er: float):
+    """A finished 2-step run: an evaluation after each step, 10 rollouts and 100 tokens a step."""
+    run = out / method_dir / pair
+    run.mkdir(parents=True)
+    recs = [
+        {
+            "method": method_dir,
+            "step": k,
+            "rollout/rollouts": 10,
+            "rollout/generated_tokens": 100,
+            "rollout/effective_ratio": er,
+            "train/rollouts_total": 10 * (k + 1),
+            "eval/accuracy": acc,
+        }
+        for k, acc in enumerate(accs)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    summary = {"seed": seed, "accuracy_before": before, "accuracy_after": accs[-1]}
+    (run / "train_summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture
+def study(tmp_path):
+    out = tmp_path / "cmp"
+    for pair, warm, seed in (("seed100", 0, 100), ("ws2-seed100", 2, 100), ("seed101", 0, 101), ("seed3", 0, 3)):
+        _write_run(out, "grpo", pair, seed, 0.5, [0.55, 0.60], er=0.5)
+        _write_run(out, "trace_adv-grpo", pair, seed, 0.5, [0.60, 0.70 if warm == 0 else 0.64], er=0.25)
+    return out
+
+
+def test_differences_by_hand(study):
+    runs = lm_paired.load(study, ["trace:grpo", "grpo"], tuning=False)
+    assert sorted(runs["grpo"]) == ["seed100", "seed101", "ws2-seed100"]  # seed 3 is a tuning seed: left out
+    row = lm_paired.pair_row("trace:grpo", "grpo", runs)
+    assert row["pairs"] == "3"
+    # final: +0.10, +0.04, +0.10 -> mean +0.08; mean of evaluations: (0.05 + 0.10)/2, (0.05 + 0.04)/2, ...
+    assert row["final"].startswith("+0.080 [")
+    assert row["mean_of_evals"].startswith(f"{(0.075 + 0.045 + 0.075) / 3:+.3f} [")
+    assert row["equal_tokens"].startswith("+0.080 [")  # same tokens spent: read at the end of both
+    assert row["er_a/er_b"] == "0.50"
+    assert row["final by warm start"] == "tiny@0: +0.100, tiny@2: +0.040"
+    assert lm_paired.method_row("grpo", runs["grpo"])["gain"].startswith("+0.100 [")
+
+
+def test_tuning_seeds_only_when_asked(study):
+    assert "seed3" in lm_paired.load(study, ["grpo"], tuning=True)["grpo"]
+
+
+def test_main_prints_both_tables(study, capsys):
+    assert lm_paired.main([str(study), "--pair", "trace_adv-grpo", "grpo"]) == 0
+    out = capsys.readouterr().out
+    assert "trace:grpo - grpo" in out and "effective_ratio" in out
+
+
+def test_refusals(study, tmp_path):
+    with pytest.raises(SystemExit, match="no finished run of 'pcl'"):
+        lm_paired.load(study, ["pcl"], tuning=False)
+    with pytest.raises(SystemExit, match="not a directory"):
+        lm_paired.main([str(tmp_path / "nowhere"), "--pair", "a", "b"])
+    runs = {"a": {"seed100": {}}, "b": {"seed101": {}}}
+    with pytest.raises(SystemExit, match="share no finished pair"):
+        lm_paired.pair_row("a", "b", runs)
