@@ -8,7 +8,8 @@ OUT is a compare output directory (OUT/<method>/<pair>/train_summary.json, a pai
 Only pairs both methods finished are used, and only evaluation seeds (100 and up) unless --tuning is given.
 
 Prints one line per method (pairs, accuracy before and after, gain, the mean of the evaluations after the start,
-effective ratio, each with a t interval over pairs) and one per pair of methods a - b: the paired difference of
+effective ratio, each with a t interval over pairs; flips per continuation and contrast groups per 1k rollouts
+over all steps; generated tokens per run) and one per pair of methods a - b: the paired difference of
 final accuracy, of the mean of evaluations, and at equal tokens (both curves read at the smaller token total), each
 with a paired percentile-bootstrap 95% interval over the pairs, the ratio of the mean effective ratios, and the
 per-warm-start means of the final difference (a sign shared by every warm start is what the protocol asks for).
@@ -56,7 +57,17 @@ def method_row(spec: str, runs: dict[str, dict]) -> dict:
         "gain": format_interval(interval([s["accuracy_after"] - s["accuracy_before"] for s in seeds]), signed=True),
         "acc_mean": format_interval(interval([mean_trained_accuracy(s) for s in seeds])),
         "effective_ratio": format_interval(interval(er)),
+        "flips/continuation": f"{_ratio(seeds, 'rollout/flips', 'rollout/continuations'):.3f}",
+        "groups/1k rollouts": f"{1000 * _ratio(seeds, 'rollout/contrast_groups', 'rollout/rollouts'):.0f}",
+        "tokens": f"{np.mean([sum(r['rollout/generated_tokens'] for r in s['records']) for s in seeds]):,.0f}",
     }
+
+
+def _ratio(seeds: list[dict], num: str, den: str) -> float:
+    """sum of `num` over sum of `den`, over every step of every run (nan when `den` is never positive)."""
+    n = sum(r.get(num, 0) for s in seeds for r in s["records"])
+    d = sum(r.get(den, 0) for s in seeds for r in s["records"])
+    return n / d if d else float("nan")
 
 
 def pair_row(a: str, b: str, runs: dict[str, dict[str, dict]]) -> dict:

@@ -26,6 +26,9 @@ def _write_run(out: Path, method_dir: str, pair: str, seed: int, before: float, 
             "rollout/rollouts": 10,
             "rollout/generated_tokens": 100,
             "rollout/effective_ratio": er,
+            "rollout/continuations": 4,
+            "rollout/flips": 1,
+            "rollout/contrast_groups": 2,
             "train/rollouts_total": 10 * (k + 1),
             "eval/accuracy": acc,
         }
@@ -56,7 +59,9 @@ def test_differences_by_hand(study):
     assert row["equal_tokens"].startswith("+0.080 [")  # same tokens spent: read at the end of both
     assert row["er_a/er_b"] == "0.50"
     assert row["final by warm start"] == "tiny@0: +0.100, tiny@2: +0.040"
-    assert lm_paired.method_row("grpo", runs["grpo"])["gain"].startswith("+0.100 [")
+    row = lm_paired.method_row("grpo", runs["grpo"])
+    assert row["gain"].startswith("+0.100 [")
+    assert row["flips/continuation"] == "0.250" and row["groups/1k rollouts"] == "200" and row["tokens"] == "200"
 
 
 def test_tuning_seeds_only_when_asked(study):
