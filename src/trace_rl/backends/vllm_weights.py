@@ -13,7 +13,7 @@ process when the engine has one (vLLM's `UniProcExecutor`, the default for one d
 (tensor parallel) it pickles the bytes on to each, as it would any argument.
 
 File (`weight_sync="file"`, and the fallback where direct cannot carry a tensor: msgpack's binary type holds at
-most 2**32 - 1 bytes, about a 1B-parameter embedding in float32): `torch.save` to /dev/shm when it fits, else
+most 2**32 - 1 bytes, 1.07 billion float32 values in one tensor): `torch.save` to /dev/shm when it fits, else
 the temp directory, and every worker `torch.load`s it; the workers must share this machine's filesystem.
 
 Either way the worker loads with its in-place `reload_weights` where it has one (see `WorkerWeightLoader`).

