@@ -84,6 +84,7 @@ CASES = [
     (["rollout", "policy.vllm.kv_cache_gb=-1"], "policy.vllm.kv_cache_gb"),
     (["rollout", "policy.vllm.max_num_batched_tokens=-5"], "policy.vllm.max_num_batched_tokens"),
     (["rollout", "policy.vllm.enable_chunked_prefill=maybe"], "policy.vllm.enable_chunked_prefill"),
+    (["train", "policy.vllm.weight_sync=shm"], "policy.vllm.weight_sync"),
     (["train", "update.dtype=float16"], "update.dtype"),
     (["train", "predictor.gp_encoder=minilm"], "predictor.gp_encoder"),
     (["train", "predictor.flip_model=smart"], "predictor.flip_model"),
@@ -235,15 +236,17 @@ def test_vllm_settings_become_engine_arguments_and_cpu_refuses_chunked_prefill()
     from trace_rl.errors import ConfigError
     from trace_rl.stack.config import VLLMConfig
 
-    cfg = VLLMConfig(kv_cache_gb=2.5, max_num_batched_tokens=8192)
+    cfg = VLLMConfig(kv_cache_gb=2.5, max_num_batched_tokens=8192, weight_sync="file")
     assert cfg.engine_kwargs(on_cpu=True, dtype="bfloat16") == {
         "gpu_memory_utilization": 0.5,
+        "weight_sync": "file",
         "dtype": "bfloat16",  # dtype=auto follows the update's
         "max_num_batched_tokens": 8192,
         "kv_cache_gb": 2.5,
     }
     assert VLLMConfig(dtype="float32").engine_kwargs(on_cpu=False, dtype="bfloat16")["dtype"] == "float32"
     assert "dtype" not in VLLMConfig().engine_kwargs(on_cpu=False)  # rollout/eval: the backend's platform default
+    assert VLLMConfig().engine_kwargs(on_cpu=True)["weight_sync"] == "direct"
     on = VLLMConfig(enable_chunked_prefill=True)
     assert on.engine_kwargs(on_cpu=False)["enable_chunked_prefill"] is True
     with pytest.raises(ConfigError, match="^policy.vllm.enable_chunked_prefill: "):

@@ -11,8 +11,9 @@ from typing import TypedDict
 
 import pytest
 
+from trace_rl.backends import vllm_weights
 from trace_rl.backends.base import SamplingParams
-from trace_rl.backends.vllm import LOAD_METHOD, VLLMBackend, WorkerWeightLoader, route
+from trace_rl.backends.vllm import LOAD_METHOD, RECEIVE_METHOD, VLLMBackend, WorkerWeightLoader, route
 
 EOS = 2
 
@@ -146,6 +147,10 @@ class FakeEngine:
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.rpcs.append((method, args))
         model = self.model
+        # as vLLM's msgpack hop does: a memoryview argument arrives as (read-only) bytes
+        args = tuple(
+            [bytes(x) for x in a] if isinstance(a, list) and a and isinstance(a[0], memoryview) else a for a in args
+        )
 
         class Worker(WorkerWeightLoader):  # vLLM's Worker.reload_weights: in place, checkpoint names
             def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
@@ -281,21 +286,88 @@ def test_a_refused_cache_reset_is_an_error(backend):
     assert backend.weight_version == v
 
 
-def test_update_weights_loads_the_state_dict_in_every_worker_then_resets(tmp_path):
+def weights(torch):
+    """Dtypes numpy lacks (bfloat16), a 0-d tensor, an empty one and a non-contiguous one."""
+    return {
+        "model.norm.weight": torch.arange(4, dtype=torch.bfloat16),
+        "lm_head.weight": torch.arange(6, dtype=torch.float32).reshape(3, 2).t(),
+        "scale": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+    }
+
+
+def check_loaded(torch, engine, state):
+    loaded = dict(engine.model.loaded)
+    assert set(loaded) == set(state)
+    for name, t in state.items():
+        assert loaded[name].dtype == t.dtype and loaded[name].shape == t.shape and torch.equal(loaded[name], t), name
+
+
+def test_update_weights_sends_the_tensors_directly_and_writes_no_file(tmp_path, monkeypatch, capsys):
     torch = pytest.importorskip("torch")
+    made = []
+    monkeypatch.setattr(vllm_weights.tempfile, "mkstemp", lambda *a, **k: made.append(k) or pytest.fail("a file"))
     engine = FakeEngine()
     be = VLLMBackend(engine, Tok(), weights_dir=str(tmp_path))
     try:
-        state = {"model.norm.weight": torch.arange(4, dtype=torch.bfloat16), "lm_head.weight": torch.ones(2, 3)}
+        state = weights(torch)
+        assert be.update_weights(state) == 1 and be.update_weights(state) == 2
+        assert [m for m, _ in engine.rpcs] == [RECEIVE_METHOD, RECEIVE_METHOD]
+        check_loaded(torch, engine, state)
+        assert engine.resets == 2 and made == [] and list(tmp_path.iterdir()) == [] and be.last_sync == "direct"
+        err = capsys.readouterr().err
+        assert err.count("vLLM weight sync: direct") == 1  # one line, at the first sync
+    finally:
+        be.close()
+
+
+def test_weight_sync_file_saves_loads_and_deletes_the_state_dict(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    engine = FakeEngine()
+    be = VLLMBackend(engine, Tok(), weights_dir=str(tmp_path), weight_sync="file")
+    try:
+        state = weights(torch)
         assert be.update_weights(state) == 1
         ((method, (path,)),) = engine.rpcs
         assert method == LOAD_METHOD and path.startswith(str(tmp_path))
-        loaded = dict(engine.model.loaded)
-        assert set(loaded) == set(state) and torch.equal(loaded["model.norm.weight"], state["model.norm.weight"])
-        assert loaded["model.norm.weight"].dtype == torch.bfloat16
+        check_loaded(torch, engine, state)
         assert engine.resets == 1 and list(tmp_path.iterdir()) == []  # the file is gone
+        assert be.last_sync == "file" and "vLLM weight sync: file (weight_sync=file)" in capsys.readouterr().err
     finally:
         be.close()
+
+
+def test_a_tensor_direct_cannot_carry_falls_back_to_the_file_and_says_why(tmp_path, monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(vllm_weights, "MAX_DIRECT_BYTES", 16)
+    engine = FakeEngine()
+    be = VLLMBackend(engine, Tok(), weights_dir=str(tmp_path))
+    try:
+        small = {"a": torch.ones(4)}  # 16 bytes: fits
+        big = {"a": torch.ones(4), "b": torch.ones(5)}  # 20 bytes: over
+        be.update_weights(small)
+        be.update_weights(big)
+        be.update_weights(small)
+        assert [m for m, _ in engine.rpcs] == [RECEIVE_METHOD, LOAD_METHOD, RECEIVE_METHOD]
+        lines = [line for line in capsys.readouterr().err.splitlines() if "weight sync" in line]
+        assert len(lines) == 3 and "file (b has 20 bytes, over msgpack's 16-byte binary limit)" in lines[1]
+    finally:
+        be.close()
+
+
+def test_an_unknown_weight_sync_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="weight_sync must be one of direct, file, got 'shm'"):
+        VLLMBackend(FakeEngine(), Tok(), weight_sync="shm")
+
+
+def test_received_weights_with_a_bad_description_are_refused():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="2 names, 1 dtypes"):
+        list(vllm_weights.unpack(["a", "b"], ["float32"], [[1], [1]], [b"\0" * 4] * 2))
+    with pytest.raises(ValueError, match="unknown dtype 'Tensor'"):
+        list(vllm_weights.unpack(["a"], ["Tensor"], [[1]], [b"\0" * 4]))
+    ((name, t),) = vllm_weights.unpack(*vllm_weights.pack({"x": torch.tensor([1.5, -2.0])}))
+    assert name == "x" and t.tolist() == [1.5, -2.0]
 
 
 def test_a_worker_that_loaded_nothing_fails_the_sync(tmp_path):

@@ -9,11 +9,13 @@ the test session.
 Checks: the sampled tokens' log-probs agree with a float32 HF forward over the same tokens (temperature-scaled
 log-softmax, the trainer's formula) on the same weights; a weight sync reaches the served model (changed
 weights change the outputs, the prompt is prefilled again and its log-probs are those of the NEW weights, so
-no KV of the old weights is served; restoring the weights restores the output); rows of a TRACE step that
+no KV of the old weights is served; restoring the weights restores the output); the sync is direct, writes no
+file, and serves the same weights as the file path, bit for bit; rows of a TRACE step that
 share a prompt hit vLLM's prefix cache. Figures (the gap, tokens/s, the hit rate) come from bench/gpu_smoke.py.
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from trace_rl.agent.react import ChatFormat  # noqa: E402
+from trace_rl.backends import vllm_weights  # noqa: E402
 from trace_rl.backends.base import SamplingParams  # noqa: E402
 from trace_rl.backends.vllm import VLLMBackend  # noqa: E402
 from trace_rl.envs.calculator import CalculatorEnv, make_tasks  # noqa: E402
@@ -105,6 +108,43 @@ def test_weight_sync_changes_outputs_and_serves_no_stale_kv(served):
         backend.update_weights(original)
         model.load_state_dict(original)
     assert backend.generate(prompt, greedy, seed=0)[0].token_ids == before.token_ids
+
+
+def test_a_direct_push_writes_no_file_and_serves_what_the_file_path_serves(served, tmp_path, monkeypatch):
+    """The default sync sends the tensors as collective_rpc arguments: no file is made (the file path's
+    mkstemp is watched, and its folder stays empty), and the engine's log-probs of a seeded continuation are the
+    HF policy's under the pushed weights; the file path, pushed the same weights, serves the same tokens and
+    log-probs (the watch sees its one file: the check can fail)."""
+    backend, model, tok = served
+    made = []
+    mkstemp = vllm_weights.tempfile.mkstemp
+    monkeypatch.setattr(vllm_weights.tempfile, "mkstemp", lambda *a, **k: made.append(k) or mkstemp(*a, **k))
+    monkeypatch.setattr(backend, "weights_dir", str(tmp_path))
+    shm_before = sorted(p.name for p in Path("/dev/shm").glob("trace-rl-weights-*"))
+    prompt = probe_prompts(tok, 1)
+    params = SamplingParams(temperature=1.0, max_new_tokens=16)
+    original = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(11)
+    changed = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
+    try:
+        backend.update_weights(changed)
+        assert backend.last_sync == "direct" and made == [] and list(tmp_path.iterdir()) == []
+        assert sorted(p.name for p in Path("/dev/shm").glob("trace-rl-weights-*")) == shm_before
+        model.load_state_dict(changed)
+        direct = backend.generate(prompt, params, seeds=[9])[0]
+        gap = float(np.abs(hf_logprobs(model, prompt[0], direct.token_ids) - np.asarray(direct.logprobs)).max())
+        assert gap < LOGPROB_TOL, f"log-probs after a direct push are not the pushed weights' ({gap:.2e})"
+
+        backend.update_weights(original)  # away, then the same weights again through the file
+        monkeypatch.setattr(backend, "weight_sync", "file")
+        backend.update_weights(changed)
+        assert backend.last_sync == "file" and len(made) == 1 and list(tmp_path.iterdir()) == []
+        through_file = backend.generate(prompt, params, seeds=[9])[0]
+        assert through_file.token_ids == direct.token_ids and through_file.logprobs == direct.logprobs
+    finally:
+        monkeypatch.setattr(backend, "weight_sync", "direct")
+        backend.update_weights(original)
+        model.load_state_dict(original)
 
 
 def test_a_trace_step_hits_the_prefix_cache(served):

