@@ -5,7 +5,8 @@ pairs every method with GRPO only: an ablation reads each variant against anothe
 
 OUT is a compare output directory (OUT/<method>/<pair>/train_summary.json, a pair being `seed<k>` or
 `ws<W>-seed<k>`); methods are named as compare names them (`trace:grpo` or its directory name `trace_adv-grpo`).
-Only pairs both methods finished are used, and only evaluation seeds (100 and up) unless --tuning is given.
+Only the pairs every listed method finished are used (so the per-method lines are paired too; the left-out pairs
+are named), and only evaluation seeds (100 and up) unless --tuning is given.
 
 Prints one line per method (pairs, accuracy before and after, gain, the mean of the evaluations after the start,
 effective ratio, each with a t interval over pairs; flips per continuation and contrast groups per 1k rollouts
@@ -44,6 +45,15 @@ def load(out: Path, methods: list[str], tuning: bool) -> dict[str, dict[str, dic
             raise SystemExit(f"{out}: no finished run of {spec!r}" + ("" if tuning else " on evaluation seeds"))
         by_pair[spec] = {s["pair"]: s for s in kept}
     return by_pair
+
+
+def common_pairs(runs: dict[str, dict[str, dict]]) -> tuple[dict[str, dict[str, dict]], list[str]]:
+    """The runs of the pairs every method holds, and the pairs left out (held by some methods only)."""
+    every = set.intersection(*(set(r) for r in runs.values()))
+    if not every:
+        raise SystemExit(f"the methods {', '.join(runs)} share no finished pair")
+    dropped = sorted(set.union(*(set(r) for r in runs.values())) - every)
+    return {m: {p: r[p] for p in sorted(every)} for m, r in runs.items()}, dropped
 
 
 def method_row(spec: str, runs: dict[str, dict]) -> dict:
@@ -105,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.out}: not a directory (give a trace-rl compare output directory)")
     pairs = [(_spec(a), _spec(b)) for a, b in args.pair]
     methods = list(dict.fromkeys(m for p in pairs for m in p))
-    runs = load(args.out, methods, args.tuning)
+    runs, dropped = common_pairs(load(args.out, methods, args.tuning))
+    if dropped:
+        print(f"left out (not finished by every method): {', '.join(dropped)}\n")
     print(format_table([method_row(m, runs[m]) for m in methods]))
     print()
     print(format_table([pair_row(a, b, runs) for a, b in pairs], right_align=False))

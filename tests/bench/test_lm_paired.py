@@ -74,6 +74,14 @@ def test_main_prints_both_tables(study, capsys):
     assert "trace:grpo - grpo" in out and "effective_ratio" in out
 
 
+def test_every_method_is_read_on_the_pairs_all_hold(study):
+    runs = lm_paired.load(study, ["trace:grpo", "grpo"], tuning=False)
+    del runs["trace:grpo"]["seed101"]
+    kept, dropped = lm_paired.common_pairs(runs)
+    assert sorted(kept["grpo"]) == ["seed100", "ws2-seed100"] and dropped == ["seed101"]
+    assert lm_paired.method_row("grpo", kept["grpo"])["pairs"] == "2"
+
+
 def test_refusals(study, tmp_path):
     with pytest.raises(SystemExit, match="no finished run of 'pcl'"):
         lm_paired.load(study, ["pcl"], tuning=False)
