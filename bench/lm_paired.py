@@ -9,11 +9,13 @@ Only the pairs every listed method finished are used (so the per-method lines ar
 are named), and only evaluation seeds (100 and up) unless --tuning is given.
 
 Prints one line per method (pairs, accuracy before and after, gain, the mean of the evaluations after the start,
-effective ratio, each with a t interval over pairs; flips per continuation and contrast groups per 1k rollouts
-over all steps; generated tokens per run) and one per pair of methods a - b: the paired difference of
-final accuracy, of the mean of evaluations, and at equal tokens (both curves read at the smaller token total), each
-with a paired percentile-bootstrap 95% interval over the pairs, the ratio of the mean effective ratios, and the
-per-warm-start means of the final difference (a sign shared by every warm start is what the protocol asks for).
+effective ratio, each with a t interval over pairs; mixed prompts a step, flips per continuation and contrast
+groups per 1k rollouts over all steps; generated tokens per run) and one per pair of methods a - b: the paired
+difference of final accuracy, of the mean of evaluations, and at equal tokens (both curves read at the smaller
+token total), each with a paired percentile-bootstrap 95% interval over the pairs, the ratio of the mean
+effective ratios, and the per-warm-start means of the final difference (a sign shared by every warm start is what
+the protocol asks for).
+With --plot FILE.png, the accuracy curves against rollouts (the mean over pairs and their min-max band).
 The figures come from `trace_rl.train.compare` and `trace_rl.rollout.report`, the functions compare's table uses.
 """
 
@@ -67,10 +69,23 @@ def method_row(spec: str, runs: dict[str, dict]) -> dict:
         "gain": format_interval(interval([s["accuracy_after"] - s["accuracy_before"] for s in seeds]), signed=True),
         "acc_mean": format_interval(interval([mean_trained_accuracy(s) for s in seeds])),
         "effective_ratio": format_interval(interval(er)),
+        "mixed prompts/step": f"{_mixed_per_step(seeds):.2f}",
         "flips/continuation": f"{_ratio(seeds, 'rollout/flips', 'rollout/continuations'):.3f}",
         "groups/1k rollouts": f"{1000 * _ratio(seeds, 'rollout/contrast_groups', 'rollout/rollouts'):.0f}",
         "tokens": f"{np.mean([sum(r['rollout/generated_tokens'] for r in s['records']) for s in seeds]):,.0f}",
     }
+
+
+def _mixed_per_step(seeds: list[dict]) -> float:
+    """Mixed prompts a step (effective ratio x prompts given a rollout): an allocator that spreads a budget over
+    more prompts can find more mixed ones at a lower share."""
+    vals = [
+        r["rollout/effective_ratio"] * r["alloc/active_prompts"]
+        for s in seeds
+        for r in s["records"]
+        if "alloc/active_prompts" in r
+    ]
+    return float(np.mean(vals)) if vals else float("nan")
 
 
 def _ratio(seeds: list[dict], num: str, den: str) -> float:
@@ -110,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="a trace-rl compare output directory")
     parser.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), required=True, help="print A - B")
     parser.add_argument("--tuning", action="store_true", help="also use tuning seeds (below 100)")
+    parser.add_argument("--plot", type=Path, help="also draw held-out accuracy against rollouts (PNG), seed bands")
     args = parser.parse_args(argv)
     if not args.out.is_dir():
         raise SystemExit(f"{args.out}: not a directory (give a trace-rl compare output directory)")
@@ -122,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table([pair_row(a, b, runs) for a, b in pairs], right_align=False))
     print("\nmean [95% interval]: t over pairs per method, paired percentile bootstrap per difference")
+    if args.plot:
+        from trace_rl.plots import plot_metric
+        from trace_rl.rollout.report import cost_points
+
+        acc = {m: cost_points([curves(s)["rollouts"] for s in r.values()]) for m, r in runs.items()}
+        title = f"Held-out accuracy against rollouts ({len(next(iter(runs.values())))} pairs)"
+        print(f"wrote {plot_metric(acc, 'eval/accuracy', args.plot, title, xlabel='rollouts spent')}")
     return 0
 
 

@@ -29,6 +29,7 @@ def _write_run(out: Path, method_dir: str, pair: str, seed: int, before: float, 
             "rollout/continuations": 4,
             "rollout/flips": 1,
             "rollout/contrast_groups": 2,
+            "alloc/active_prompts": 4,
             "train/rollouts_total": 10 * (k + 1),
             "eval/accuracy": acc,
         }
@@ -62,16 +63,20 @@ def test_differences_by_hand(study):
     row = lm_paired.method_row("grpo", runs["grpo"])
     assert row["gain"].startswith("+0.100 [")
     assert row["flips/continuation"] == "0.250" and row["groups/1k rollouts"] == "200" and row["tokens"] == "200"
+    assert row["mixed prompts/step"] == "2.00"  # effective ratio 0.5 of 4 prompts
 
 
 def test_tuning_seeds_only_when_asked(study):
     assert "seed3" in lm_paired.load(study, ["grpo"], tuning=True)["grpo"]
 
 
-def test_main_prints_both_tables(study, capsys):
-    assert lm_paired.main([str(study), "--pair", "trace_adv-grpo", "grpo"]) == 0
+def test_main_prints_both_tables_and_plots(study, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "acc.png"
+    assert lm_paired.main([str(study), "--pair", "trace_adv-grpo", "grpo", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "trace:grpo - grpo" in out and "effective_ratio" in out
+    assert png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_every_method_is_read_on_the_pairs_all_hold(study):
