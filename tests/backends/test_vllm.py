@@ -417,3 +417,23 @@ def test_platform_defaults_keep_seeded_requests_whole_on_cpu_and_size_the_kv_cac
     assert platform_defaults(False, {}, 8) == {"kv_cache_memory_bytes": 8 * 2**30}
     with pytest.raises(ValueError, match="^enable_chunked_prefill: "):
         platform_defaults(True, {"enable_chunked_prefill": True}, None)
+
+
+def test_close_cancels_the_loops_tasks_before_the_engine_shuts_down():
+    """An AsyncLLM's output handler runs on the backend's loop; vLLM's shutdown stops the engine first, and a
+    handler still waiting then logs the dead engine as a traceback. close() cancels it before shutdown."""
+    engine = FakeEngine()
+    be = VLLMBackend(engine, Tok())
+    seen = {}
+
+    async def handler():
+        await asyncio.sleep(3600)  # an output handler awaiting the engine's next output
+
+    engine.output_handler = be._loop.submit(_start(handler)).result()
+    engine.shutdown = lambda: seen.setdefault("handler_done", engine.output_handler.done())
+    be.close()
+    assert seen == {"handler_done": True} and engine.output_handler.cancelled()
+
+
+async def _start(coro_fn):
+    return asyncio.get_running_loop().create_task(coro_fn())

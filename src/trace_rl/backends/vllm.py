@@ -37,6 +37,7 @@ vLLM is an optional extra (`pip install trace-rl[vllm]`) and is imported only in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import sys
@@ -104,6 +105,20 @@ class _LoopThread:
             coro.close()
             raise RuntimeError("a blocking VLLMBackend call was made from its own event-loop thread")
         return self.submit(coro).result()
+
+    def cancel_pending(self, timeout: float = 10.0) -> None:
+        """Cancel every task still pending on the loop and wait for them: a loop stopped with live tasks prints
+        'Task was destroyed but it is pending!' for each at exit (the engines' output handlers)."""
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self.loop.is_running() and threading.current_thread() is not self.thread:
+            with contextlib.suppress(Exception):
+                self.submit(cancel_all()).result(timeout=timeout)
 
     def close(self) -> None:
         if self.loop.is_running():
@@ -384,7 +399,10 @@ class VLLMBackend(VersionedBackend):
                 raise RuntimeError(f"engine {i}: workers loaded {per_worker} tensors, expected {expected} each")
 
     def close(self) -> None:
-        """Shut the engines down and stop the loop thread."""
+        """Shut the engines down and stop the loop thread. The loop's tasks (each AsyncLLM's output handler) are
+        cancelled first: vLLM's shutdown stops the engine process before it cancels its handler, which then logs
+        the dead engine as an EngineDeadError traceback after a run that went well."""
+        self._loop.cancel_pending()
         for engine in self.engines:
             shutdown = getattr(engine, "shutdown", None)
             if shutdown is not None:
