@@ -68,12 +68,13 @@ HOLDS = {
     "built-ins, entry points, `module:attr`); calculator and its task presets, math + sandbox, QA + retrieval "
     "server, BFCL; task loaders",
     "agent": "ReAct turns over token histories",
-    "rollout": "the one TRACE step (`engine`, `grow`: generic over an Actor), the Ray executor, the LM actor "
-    "(also plays evaluation episodes), the metrics schema, the one report of methods x seeds at equal cost "
-    "(curves, intervals, tables, on `stats`), pass@k evaluation",
+    "rollout": "the one TRACE step and the one episode loop (`engine`, `grow`: generic over an Actor; the "
+    "engine's flat evaluation), the Ray executor, the LM actor, the metrics schema, the one report of methods x "
+    "seeds at equal cost (curves, intervals, tables, on `stats`), pass@k evaluation",
     "stack": "the settings groups every LM command shares (policy, predictor, engine; env: `env.name` and the "
-    "chosen plug-in's own group `env.<name>.*`; torch-free) and the one builder of the LM stack: env spec, "
-    "policy backend (hf, vllm or server), predictor, actor, engine",
+    "chosen plug-in's own group `env.<name>.*`; torch-free) and the one builder of the LM stack "
+    "(`build_stack`): env spec, model and reference model, policy backend (hf, vllm or server), predictor, "
+    "actor, engine",
     "testbed": "synthetic env with exact V, tabular policy and its Actor, oracle, `simulate`, propositions",
     "train": "the policy update (losses, tree packing), the trainer, checkpoints, loggers, `sft`, `compare`",
     "integrations": "rows for verl and TRL; the verl plugin, the TRL rollout_func",

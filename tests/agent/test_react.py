@@ -1,3 +1,5 @@
+import asyncio
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -8,7 +10,9 @@ from trace_rl.agent.react import ChatFormat  # noqa: E402
 from trace_rl.backends.base import SamplingParams, ScriptedBackend  # noqa: E402
 from trace_rl.envs.calculator import CalculatorEnv, make_tasks  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
+from trace_rl.rollout.grow import Clock, lockstep  # noqa: E402
 from trace_rl.rollout.lm_actor import LMActor  # noqa: E402
+from trace_rl.tree import BARE  # noqa: E402
 
 
 def test_histories_grow_token_by_token_and_match_a_full_render():
@@ -18,7 +22,10 @@ def test_histories_grow_token_by_token_and_match_a_full_render():
     actor = LMActor(
         ScriptedBackend(tok, lambda t, i: scripted_calc(t, i)), CalculatorEnv, SamplingParams(max_new_tokens=64)
     )
-    [ep] = actor.run_episodes([task], [0])
+    tree = actor.tree(0, task)
+    [ep] = actor.start(tree, task, [0])
+    actor.begin_step(1, Clock())
+    asyncio.run(lockstep(actor, [tree], [ep], [tree.root_id], BARE))  # the engine's episode loop
     prompt_len = len(fmt.prompt_ids(CalculatorEnv().system_prompt(), task["question"]))
     assert ep.done and ep.reward == 1.0 and len(ep.turns) == 4
     assert len(ep.token_ids) == prompt_len + sum(len(t.token_ids) for t in ep.turns)

@@ -217,7 +217,7 @@ def test_compare_evaluates_the_start_once_per_seed_and_gets_the_number_a_lone_ru
     calls = []
     real = trainer.evaluate_policy
     monkeypatch.setattr(
-        trainer, "evaluate_policy", lambda cfg, actor, tasks, step: calls.append(step) or real(cfg, actor, tasks, step)
+        trainer, "evaluate_policy", lambda cfg, eng, tasks, step: calls.append(step) or real(cfg, eng, tasks, step)
     )
     args = ["compare", f"out={tmp_path / 'cmp'}", "methods=[grpo,trace]", "seeds=[3]", "train.steps=1"]
     assert main(args + [f"train.{a}" for a in SMALL]) == 0

@@ -1,5 +1,6 @@
 """`trace-rl eval`: pass@1 and pass@k of a model on an environment's benchmarks, or on a task file, through the
-LM stack (`stack.build`) and `rollout.evaluate`; one table row per benchmark, per-sample results on request."""
+LM stack (`stack.build.build_stack`) and the engine's flat evaluation (`rollout.evaluate`); one table row per
+benchmark, per-sample results on request."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def run(cfg: EvalConfig, yaml_text: str) -> list[dict]:
     set; returns one row per benchmark (pass@k and success by difficulty)."""
     from ..rollout.evaluate import check_context, evaluate
     from ..rollout.report import format_table
-    from ..stack.build import build_actor, build_env, build_policy
+    from ..stack.build import build_env, build_stack
 
     spec = build_env(cfg.env)
     if cfg.data:
@@ -61,8 +62,8 @@ def run(cfg: EvalConfig, yaml_text: str) -> list[dict]:
     if unknown:
         raise ConfigError(f"bench: unknown {unknown} for env {cfg.env.name}; choose from {', '.join(spec.benchmarks)}")
     samples = max(max(cfg.k), cfg.samples)
-    policy = build_policy(cfg.policy, seed=cfg.seed)
-    actor = build_actor(policy, spec, cfg.policy.sampling(spec.max_new_tokens), EngineConfig())
+    stack = build_stack(cfg.policy, spec, EngineConfig(), seed=cfg.seed)
+    engine = stack.engine()  # evaluates only: no predictor, no budget
     rows = []
     out = Path(cfg.out) if cfg.out else None
     if out:
@@ -72,18 +73,18 @@ def run(cfg: EvalConfig, yaml_text: str) -> list[dict]:
         for bench in benches:
             tasks = spec.benchmarks[bench](cfg.limit or None)
             try:  # the model against the tasks, before any generation
-                check_context(actor, tasks, bench)
+                check_context(engine.actor, tasks, bench)
             except ValueError as err:
                 raise ConfigError(f"policy.model: {err}") from None
             results: list = []
-            res = evaluate(actor, tasks, samples=samples, ks=tuple(cfg.k), seed=cfg.seed, label=bench, results=results)
+            res = evaluate(engine, tasks, samples=samples, ks=tuple(cfg.k), seed=cfg.seed, label=bench, results=results)
             rows.append({"benchmark": bench, **res})
             if out:
                 with open(out / "samples.jsonl", "a", encoding="utf-8") as fh:
                     for r in results:
                         fh.write(json.dumps({"benchmark": bench, **r}) + "\n")
     finally:
-        policy.close()
+        stack.close()
     print(format_table(rows))
     if out:
         print(f"\nwrote {out}/samples.jsonl (one line per sample) and {out}/config.yaml")

@@ -17,10 +17,9 @@ from pathlib import Path
 
 from ..config import write_config
 from ..predictors.diagnostics import node_records
-from ..rollout.engine import make_executor
 from ..rollout.records import MetricsWriter, step_record
 from ..seeding import derive_seed
-from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
+from ..stack.build import build_env, build_predictor, build_stack
 from ..stack.config import LMRunConfig, check_seed
 from ..trace_config import TraceConfig, check_methods
 from ..tree import save_trees
@@ -60,8 +59,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
             f"predictor warm-up: {len(warmup)} trees, {sum(len(t.rewards()) for t in warmup)} rollouts from "
             f"{cfg.predictor.warmup} (spent before this run, not counted in its budget)"
         )
-    policy = build_policy(cfg.policy, seed=cfg.seed)
-    params = cfg.policy.sampling(spec.max_new_tokens)
+    stack = build_stack(cfg.policy, spec, cfg.engine, seed=cfg.seed, executor=cfg.executor, ray=cfg.ray)
     tasks = spec.train(cfg.budget.pool * cfg.steps, derive_seed(cfg.seed, "pools"))
     pools = [tasks[i * cfg.budget.pool : (i + 1) * cfg.budget.pool] for i in range(cfg.steps)]
     writer, preds = MetricsWriter(out / "metrics.jsonl"), MetricsWriter(out / "predictions.jsonl")
@@ -71,19 +69,14 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
     # took a few % of a tiny-model run's wall-clock and made the overhead figure jumpy).
     gc.freeze()
     results: dict[str, list[dict]] = {}
-    executor = make_executor(cfg.executor, cfg.ray)
     try:
         for name in cfg.methods:
             trace = TraceConfig(name, budget=cfg.budget, predictor=cfg.predictor.settings())
             method = trace.method_spec
-            actor = build_actor(policy, spec, params, cfg.engine)
-            engine = build_engine(
-                actor,
+            engine = stack.engine(
                 build_predictor(cfg.predictor, method, cfg.seed, warmup),
                 trace.budget,
-                seed=cfg.seed,
                 prefix_share=trace.predictor.prefix_share,
-                executor=executor,
                 flip_model=cfg.predictor.flip_model,
             )
             records = results.setdefault(name, [])
@@ -112,7 +105,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
                 print(file=sys.stderr)
     finally:
         gc.unfreeze()  # a caller that runs main() again (the tests) gets its garbage collected as before
-        policy.close()
+        stack.close()
     return results
 
 

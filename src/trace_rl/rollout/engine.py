@@ -24,15 +24,15 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..methods import BudgetPlan, Method, allocate_method_roots
 from ..predictors.base import Predictor, training_examples
 from ..predictors.flip import FlipCalibrator, flip_observations
 from ..seeding import derive_rng, derive_seed
 from ..trace_config import PREFIX_SHARE, check_prefix_share
-from ..tree import RolloutTree
-from .grow import TIMERS, Actor, Clock, PromptJob, PromptResult, StepContext, grow_prompt
+from ..tree import BARE, RolloutTree, TurnNode
+from .grow import TIMERS, Actor, Clock, PromptJob, PromptResult, StepContext, grow_prompt, lockstep
 
 
 @dataclass
@@ -95,14 +95,41 @@ def make_executor(kind: str, ray_config=None):
     return RayExecutor(ray_config)
 
 
+def evaluation_seed(seed: int, index: int, sample: int) -> int:
+    """The seed of sample `sample` of the `index`-th held-out task (`TreeRolloutEngine.evaluate`'s default)."""
+    return derive_seed(seed, index, sample)
+
+
+@dataclass
+class EvalResult:
+    """A flat evaluation's trees (one per task; the root's s-th child starts sample s) and what it cost."""
+
+    trees: list[RolloutTree]
+    samples: int
+    generated_tokens: int = 0
+    time: dict = field(default_factory=lambda: dict.fromkeys(TIMERS, 0.0))
+
+    def rollouts(self, index: int) -> list[list[TurnNode]]:
+        """The turns of each sample of the `index`-th task, in sample order."""
+        tree = self.trees[index]
+        out = []
+        for first in tree.children(tree.root_id):
+            turns = [first]
+            while turns[-1].children:  # a bare rollout is a chain: one child per turn
+                turns.append(tree[turns[-1].children[0]])
+            out.append(turns)
+        return out
+
+
 class TreeRolloutEngine:
-    """Grows one step's trees over a candidate pool with a method, then updates the method's predictor."""
+    """Grows one step's trees over a candidate pool with a method, then updates the method's predictor; and
+    evaluates a policy on held-out tasks (`evaluate`) with the same episode loop."""
 
     def __init__(
         self,
         actor: Actor,
-        predictor: Predictor,
-        plan: BudgetPlan,
+        predictor: Predictor | None = None,
+        plan: BudgetPlan | None = None,
         seed: int = 0,
         prefix_share: float = PREFIX_SHARE,
         update_predictor: bool = True,
@@ -124,6 +151,8 @@ class TreeRolloutEngine:
         raise RuntimeError("grow() was called inside a running event loop; use `await engine.agrow(...)`")
 
     async def agrow(self, tasks: Sequence, method: Method, step: int = 0) -> StepResult:
+        if self.predictor is None or self.plan is None:
+            raise ValueError("this engine has no predictor or budget plan: it evaluates, it does not grow trees")
         start = time.perf_counter()
         trees = [self.actor.tree(i, task) for i, task in enumerate(tasks)]
         result, clock = StepResult(method.name, step, trees), Clock()
@@ -164,6 +193,65 @@ class TreeRolloutEngine:
             if self.flip_model is not None and method.branches:
                 self.flip_model.observe(*flip_observations(active))
             clock.add("predictor", time.perf_counter() - t0)
+        clock.seconds["total"] = time.perf_counter() - start
+        result.time = dict(clock.seconds)
+        return result
+
+    def evaluate(
+        self,
+        tasks: Sequence,
+        samples: int = 1,
+        seeds: Callable[[int, int], int] | None = None,
+        batch: int = 64,
+        on_done: Callable[[int, int], None] | None = None,
+    ) -> EvalResult:
+        """Flat evaluation: `samples` bare rollouts of each task, nothing allocated, nothing branched, the
+        predictor neither read nor updated. Sample s of the i-th task samples from `seeds(i, s)` (default
+        `evaluation_seed(self.seed, i, s)`), turn t from `derive_seed(seeds(i, s), t)` as in a step, so a result
+        depends on its seed only. Episodes play in batches of `batch` (they bound memory), in (task, sample)
+        order, each batch one requester whose every call holds all its live episodes. `on_done(i, s)` is called
+        as each sample ends (a progress bar). From synchronous code; inside an event loop, `aevaluate`."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.aevaluate(tasks, samples, seeds, batch, on_done))
+        raise RuntimeError("evaluate() was called inside a running event loop; use `await engine.aevaluate(...)`")
+
+    async def aevaluate(
+        self,
+        tasks: Sequence,
+        samples: int = 1,
+        seeds: Callable[[int, int], int] | None = None,
+        batch: int = 64,
+        on_done: Callable[[int, int], None] | None = None,
+    ) -> EvalResult:
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        start = time.perf_counter()
+        seed_of = seeds or (lambda i, s: evaluation_seed(self.seed, i, s))
+        trees = [self.actor.tree(i, task) for i, task in enumerate(tasks)]
+        result, clock = EvalResult(trees, samples), Clock()
+        jobs = [(i, s) for i in range(len(tasks)) for s in range(samples)]
+        for lo in range(0, len(jobs), batch):
+            chunk = jobs[lo : lo + batch]
+            self.actor.begin_step(1, clock)  # one requester: each call holds every live episode of the batch
+            try:
+                episodes = []
+                for i in sorted({i for i, _ in chunk}):  # a task's samples of this batch start together
+                    episodes += self.actor.start(trees[i], tasks[i], [int(seed_of(j, s)) for j, s in chunk if j == i])
+                done = None if on_done is None else (lambda j, chunk=chunk: on_done(*chunk[j]))
+                result.generated_tokens += await lockstep(
+                    self.actor,
+                    [trees[i] for i, _ in chunk],
+                    episodes,
+                    [trees[i].root_id for i, _ in chunk],
+                    BARE,
+                    on_done=done,
+                )
+            finally:
+                self.actor.end_prompt()
         clock.seconds["total"] = time.perf_counter() - start
         result.time = dict(clock.seconds)
         return result

@@ -2,9 +2,10 @@
 success of a policy by difficulty (`trace-rl sft`'s report; its episodes come back as one-rollout trees, so the
 report's samples can warm-start a predictor).
 
-Episodes run through the TRACE step's own actor (`LMActor.run_episodes`): the same sampling, environment
-stepping and stopping as training's trees. Sample s of the i-th task has its own seed, derive_seed(seed, i, s),
-so a result does not depend on the batch size: batches only bound memory (`batch` episodes in flight).
+Episodes run through the TRACE engine's flat evaluation (`TreeRolloutEngine.evaluate`): the same episode loop,
+actor, sampling, environment stepping and stopping as training's trees, with no allocation, no branching and no
+predictor. Sample s of the i-th task has its own seed, derive_seed(seed, i, s), so a result does not depend on
+the batch size: batches only bound memory (`batch` episodes in flight).
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ import numpy as np
 
 from ..agent.react import ChatFormat, start_episode
 from ..seeding import derive_seed
-from ..tree import BARE, RolloutTree
+from ..tree import RolloutTree
+from .engine import TreeRolloutEngine, evaluation_seed
 from .lm_actor import LMActor
+
+
+def evaluation_engine(policy: TreeRolloutEngine | LMActor) -> TreeRolloutEngine:
+    """The engine that evaluates `policy`: itself, or an engine around an actor (one with no predictor)."""
+    return policy if isinstance(policy, TreeRolloutEngine) else TreeRolloutEngine(policy)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -29,7 +36,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def evaluate(
-    actor: LMActor,
+    policy: TreeRolloutEngine | LMActor,
     tasks: list[dict],
     samples: int = 1,
     ks: tuple[int, ...] = (1,),
@@ -39,36 +46,35 @@ def evaluate(
     progress: bool = True,
     results: list | None = None,
 ) -> dict:
-    """pass@k for each k <= samples over `tasks` (pass@1 is the mean success of all samples). With `results`,
-    one record per sample is appended to it: task index, sample, score, turns and the generated text."""
-    jobs = [(i, s) for i in range(len(tasks)) for s in range(samples)]
+    """pass@k for each k <= samples over `tasks` (pass@1 is the mean success of all samples), played by the
+    engine of `policy` (an engine, or an actor). With `results`, one record per sample is appended to it: task
+    index, sample, score, turns and the generated text."""
+    bar = _bar(len(tasks) * samples, label, progress)
+    run = evaluation_engine(policy).evaluate(
+        tasks,
+        samples,
+        seeds=lambda i, s: evaluation_seed(seed, i, s),
+        batch=batch,
+        on_done=lambda i, s: bar.update(1),  # the bar moves per finished episode, not per batch
+    )
+    bar.close()
     correct = np.zeros(len(tasks), dtype=int)
-    bar = _bar(len(jobs), label, progress)
-
-    def on_turn(j, ep, fields):
-        if ep.done:
-            bar.update(1)  # the bar moves per finished episode, not per batch
-
-    for start in range(0, len(jobs), batch):
-        chunk = jobs[start : start + batch]
-        episodes = actor.run_episodes(
-            [tasks[i] for i, _ in chunk], [derive_seed(seed, i, s) for i, s in chunk], on_turn=on_turn
-        )
-        for (i, s), ep in zip(chunk, episodes):
-            correct[i] += ep.reward > 0.5
+    for i, task in enumerate(tasks):
+        for s, turns in enumerate(run.rollouts(i)):
+            score = float(turns[-1].reward)
+            correct[i] += score > 0.5
             if results is not None:
                 results.append(
                     {
-                        "index": tasks[i].get("index", i),
+                        "index": task.get("index", i),
                         "sample": s,
-                        "score": float(ep.reward),
-                        "turns": len(ep.turns),
+                        "score": score,
+                        "turns": len(turns),
                         "generation": [
-                            {"thought": t.thought, "action": t.action, "observation": t.observation} for t in ep.turns
+                            {"thought": t.thought, "action": t.action, "observation": t.observation} for t in turns
                         ],
                     }
                 )
-    bar.close()
     out = {"tasks": len(tasks), "samples": samples}
     for k in ks:
         if k <= samples:
@@ -92,37 +98,26 @@ def _bar(total: int, label: str, enabled: bool):
 
 
 def success_by_group(
-    actor: LMActor, tasks: list[dict], group: Callable[[dict], str] | None, seed: int = 0, batch: int = 64
+    policy: TreeRolloutEngine | LMActor,
+    tasks: list[dict],
+    group: Callable[[dict], str] | None,
+    seed: int = 0,
+    batch: int = 64,
 ) -> tuple[dict, list[RolloutTree]]:
     """Mean success overall, the share of well-formed turns, and the success of each `group(task)` label (the
-    env spec's difficulty); each episode also comes back as a one-rollout tree."""
-    trees = [RolloutTree(i, prompt=t) for i, t in enumerate(tasks)]
-    heads = [tree.root_id for tree in trees]
-    episodes = []
-    for start in range(0, len(tasks), batch):
-
-        def on_turn(j, ep, fields, start=start):
-            tree = trees[start + j]
-            if len(ep.turns) == 1:  # the history before the first turn is the prompt: the root's tokens
-                tree.root.token_ids = ep.token_ids[: len(ep.token_ids) - len(fields["token_ids"])]
-                tree.root.loss_mask = [0] * len(tree.root.token_ids)
-            node = tree.add_turn(
-                heads[start + j], terminal=ep.done, reward=ep.reward if ep.done else None, origin=BARE, **fields
-            )
-            heads[start + j] = node.node_id
-
-        chunk = range(start, min(start + batch, len(tasks)))
-        episodes += actor.run_episodes(
-            [tasks[i] for i in chunk], [derive_seed(seed, "report", i) for i in chunk], on_turn=on_turn
-        )
-    out = {"overall": float(np.mean([e.reward for e in episodes]))}
-    turns = [t for e in episodes for t in e.turns]
+    env spec's difficulty); each episode also comes back as a one-rollout tree. Task i's one sample samples
+    from derive_seed(seed, "report", i)."""
+    run = evaluation_engine(policy).evaluate(tasks, 1, seeds=lambda i, s: derive_seed(seed, "report", i), batch=batch)
+    episodes = [run.rollouts(i)[0] for i in range(len(tasks))]
+    rewards = [float(turns[-1].reward) for turns in episodes]
+    out = {"overall": float(np.mean(rewards))}
+    turns = [t for e in episodes for t in e]
     out["well_formed"] = float(np.mean([not t.observation.startswith(("Invalid", "Unknown", "Error")) for t in turns]))
     if group is not None:
         labels = [group(t) for t in tasks]
         for label in sorted(set(labels)):
-            out[label] = float(np.mean([e.reward for e, lab in zip(episodes, labels) if lab == label]))
-    return out, trees
+            out[label] = float(np.mean([r for r, lab in zip(rewards, labels) if lab == label]))
+    return out, run.trees
 
 
 def check_context(actor: LMActor, tasks: list[dict], label: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -140,8 +140,8 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
         episodes = actor.start(tree, job.task, seeds)
         snapshots: dict[str, object] = {}
         out.bare_rollouts = mi
-        out.generated_tokens = await _lockstep(
-            actor, tree, episodes, [tree.root_id] * mi, BARE, snapshots if method.branches else None
+        out.generated_tokens = await lockstep(
+            actor, [tree] * mi, episodes, [tree.root_id] * mi, BARE, snapshots if method.branches else None
         )
         out.events.append(("bare_done", i, time.perf_counter() - ctx.t0))
         if not method.branches:
@@ -172,7 +172,7 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
         ctx.clock.add("allocate", time.perf_counter() - t1)
         out.events.append(("stage2_start", i, time.perf_counter() - ctx.t0))
         out.continuations = len(branches)
-        tokens = await _lockstep(actor, tree, branches, parents, BRANCH, None)
+        tokens = await lockstep(actor, [tree] * len(branches), branches, parents, BRANCH, None)
         out.generated_tokens += tokens
         out.prefix_generated_tokens = tokens
         return out
@@ -180,10 +180,19 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
         actor.end_prompt()
 
 
-async def _lockstep(
-    actor: Actor, tree: RolloutTree, episodes: list, parents: list[str], origin: str, snapshots: dict | None
+async def lockstep(
+    actor: Actor,
+    trees: Sequence[RolloutTree],
+    episodes: list,
+    parents: list[str],
+    origin: str,
+    snapshots: dict | None = None,
+    on_done: Callable[[int], None] | None = None,
 ) -> int:
-    """Advance `episodes` one turn at a time until all are done, appending each turn under its parent."""
+    """The one episode loop: advance `episodes` one turn at a time until all are done, appending episode j's
+    turns to `trees[j]` under `parents[j]`; returns the tokens generated. A step's prompt plays its own tree's
+    episodes (`grow_prompt`); held-out evaluation plays a batch of episodes of many trees
+    (`engine.TreeRolloutEngine.evaluate`). `on_done(j)` is called when episode j ends."""
     generated = 0
     while True:
         live = [j for j, ep in enumerate(episodes) if not ep.done]
@@ -193,9 +202,11 @@ async def _lockstep(
         for j, fields in zip(live, turns):
             ep = episodes[j]
             generated += len(fields.get("logprobs", ()))
-            node = tree.add_turn(
+            node = trees[j].add_turn(
                 parents[j], origin=origin, terminal=ep.done, reward=float(ep.reward) if ep.done else None, **fields
             )
             parents[j] = node.node_id
             if snapshots is not None and not ep.done:
                 snapshots[node.node_id] = actor.fork(ep, 0)  # the state to branch from later
+            if on_done is not None and ep.done:
+                on_done(j)

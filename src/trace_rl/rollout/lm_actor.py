@@ -14,9 +14,9 @@ serves many prompts with one backend call. Two batching policies:
   depend on its batch; but batch shapes then vary with timing, and a backend whose fp32 logits depend on the
   batch shape in the last bits can, rarely, flip a token. Choose it for throughput with slow tools.
 
-`run_episodes` is the same actor without a tree: plain episodes played to the end, all live ones advanced by
-one backend call per round. Held-out evaluation and the SFT report use it, so an episode is sampled, stepped
-and stopped (the max-turns guard) by one piece of code whether it grows a tree or is scored.
+Held-out evaluation and the SFT report use this actor through the engine's flat evaluation
+(`engine.TreeRolloutEngine.evaluate`), so an episode is sampled, stepped and stopped (the max-turns guard) by
+one piece of code, the engine's episode loop, whether it grows a tree or is scored.
 """
 
 from __future__ import annotations
@@ -174,40 +174,6 @@ class LMActor:
             *(loop.run_in_executor(pool, self._step, ep, gen) for ep, gen in zip(episodes, gens))
         )
         return [turn_fields(t, gen.stop_reason) for t, gen in zip(turns, gens)]
-
-    def run_episodes(
-        self,
-        tasks: Sequence[dict],
-        seeds: Sequence[int],
-        on_turn: Callable[[int, Episode, dict], None] | None = None,
-    ) -> list[Episode]:
-        """One episode per task, played to its end with no tree and no allocation; every round one backend call
-        samples the next turn of each episode still running. Episode i's turn t samples from
-        `derive_seed(seeds[i], t)`, as in the TRACE step, so what an episode does depends on its seed only,
-        not on which episodes share a call. `on_turn(i, episode, fields)` sees each turn as tree-node fields."""
-        if len(seeds) != len(tasks):
-            raise ValueError(f"seeds: {len(seeds)} seeds for {len(tasks)} tasks")
-        self.clock.env_started()
-        try:
-            episodes = [start_episode(self.env_factory(), task, self.fmt) for task in tasks]
-        finally:
-            self.clock.env_finished()
-        for i, (ep, seed) in enumerate(zip(episodes, seeds)):
-            ep.seed, ep.key = int(seed), f"episode-{i}"
-
-        async def play() -> None:
-            self.begin_step(1, self.clock)  # one requester: each round's call holds every live episode
-            try:
-                while live := [i for i, ep in enumerate(episodes) if not ep.done]:
-                    fields = await self.advance([episodes[i] for i in live])
-                    if on_turn is not None:
-                        for i, f in zip(live, fields):
-                            on_turn(i, episodes[i], f)
-            finally:
-                self.end_prompt()
-
-        asyncio.run(play())
-        return episodes
 
     def _step(self, ep: Episode, gen: Generation):
         self.clock.env_started()

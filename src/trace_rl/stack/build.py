@@ -1,6 +1,9 @@
-"""The one builder of the LM stack: env spec, policy (model, tokenizer, the backend that samples it), predictor,
-actor and TRACE engine, from the shared settings groups (`stack.config`). `rollout`, `train`, `compare`, `eval`
-and `sft`'s report build through here, so a backend, an env option or a predictor setting means the same in
+"""The one builder of the LM stack: env spec, policy (model, tokenizer, the backend that samples it; the reference
+model), predictor, actor and TRACE engine, from the shared settings groups (`stack.config`). `build_stack` is
+what the LM commands (`train`, and `compare` through it; `eval`; `rollout`) call: it loads the model a command
+trains and its frozen reference, starts the backend and the executor, and makes engines (`LMStack.engine`), which
+both grow a step's trees and evaluate (`TreeRolloutEngine.evaluate`). `sft`'s report builds from the parts
+below (`build_policy`, `build_actor`), so a backend, an env option or a predictor setting means the same in
 every command.
 
 Backends (`policy.backend`):
@@ -19,7 +22,7 @@ predictor comes from the one predictor builder, `predictors.build.build_predicto
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..backends.base import PolicyBackend, SamplingParams
 from ..envs.registry import EnvSpec
@@ -27,9 +30,10 @@ from ..errors import ConfigError
 from ..methods import BudgetPlan
 from ..predictors.build import build_predictor  # noqa: F401 - the one predictor builder; the commands import it here
 from ..predictors.flip import make_flip_model
-from ..rollout.engine import TreeRolloutEngine
+from ..rollout.engine import TreeRolloutEngine, make_executor
 from ..rollout.lm_actor import LMActor
-from .config import EngineConfig, LMPolicyConfig, served_models
+from ..trace_config import PREFIX_SHARE
+from .config import EngineConfig, LMPolicyConfig, RayConfig, served_models
 from .env_config import LMEnvConfig
 
 
@@ -131,14 +135,14 @@ def build_policy(
 
 
 def build_actor(policy: PolicyStack, spec: EnvSpec, params: SamplingParams, engine: EngineConfig) -> LMActor:
-    """The LM agent as the TRACE step's actor (also the loop of held-out evaluation, `rollout.evaluate`)."""
+    """The LM agent as the TRACE step's actor (also held-out evaluation's, through the engine's `evaluate`)."""
     return LMActor(policy.backend, spec.make, params, engine.batching, engine.env_workers)
 
 
 def build_engine(
     actor: LMActor,
     predictor,
-    budget: BudgetPlan,
+    budget: BudgetPlan | None,
     *,
     seed: int,
     prefix_share: float,
@@ -147,7 +151,8 @@ def build_engine(
 ) -> TreeRolloutEngine:
     """The one TRACE step around `actor` and `predictor` at `budget`; trees grow on `executor` (one from
     `rollout.engine.make_executor`, shared by every engine of a run; None: asyncio in this process); stage 2
-    reads its flip probability as `flip_model` says (`predictor.flip_model`: raw or calibrated)."""
+    reads its flip probability as `flip_model` says (`predictor.flip_model`: raw or calibrated). With no
+    predictor and no budget, an engine that only evaluates."""
     return TreeRolloutEngine(
         actor,
         predictor,
@@ -156,4 +161,103 @@ def build_engine(
         prefix_share=prefix_share,
         executor=executor,
         flip_model=make_flip_model(flip_model),
+    )
+
+
+@dataclass
+class LMStack:
+    """What an LM command runs on: the env spec, the policy (its backend; the model and tokenizer when this
+    process trains them), the frozen reference model (train with update.kl_coef > 0), the sampling parameters,
+    the executor trees grow on, and the engine settings."""
+
+    spec: EnvSpec
+    policy: PolicyStack
+    params: SamplingParams
+    engine_config: EngineConfig
+    seed: int
+    executor: Any = None
+    ref_model: Any = None
+
+    @property
+    def model(self) -> Any:
+        return self.policy.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.policy.tokenizer
+
+    @property
+    def backend(self) -> PolicyBackend:
+        return self.policy.backend
+
+    def engine(
+        self,
+        predictor=None,
+        budget: BudgetPlan | None = None,
+        *,
+        prefix_share: float = PREFIX_SHARE,
+        flip_model: str = "raw",
+    ) -> TreeRolloutEngine:
+        """A TRACE engine on a fresh actor of this policy (one per method of `rollout`): it grows trees with
+        `predictor` at `budget` on the stack's executor, and evaluates (`evaluate`); without a predictor and a
+        budget it only evaluates (`eval`)."""
+        actor = build_actor(self.policy, self.spec, self.params, self.engine_config)
+        return build_engine(
+            actor,
+            predictor,
+            budget,
+            seed=self.seed,
+            prefix_share=prefix_share,
+            executor=self.executor,
+            flip_model=flip_model,
+        )
+
+    def close(self) -> None:
+        self.policy.close()
+
+
+def build_stack(
+    policy: LMPolicyConfig,
+    spec: EnvSpec,
+    engine: EngineConfig | None = None,
+    *,
+    seed: int = 0,
+    train: bool = False,
+    reference: bool = False,
+    dtype: str | None = None,
+    prepare: Callable[[Any], None] | None = None,
+    executor: str = "local",
+    ray: RayConfig | None = None,
+) -> LMStack:
+    """The LM stack of a command. `train`: the model is loaded here, after `torch.manual_seed(seed)`, for this
+    process to update; `prepare(model)` then runs on it before anything else loads (a trainer's LoRA adapters
+    and optimizer, a resumed checkpoint's weights, which a vLLM engine must start from); `reference` adds a
+    frozen copy of the start model (the KL term's). The backend (`build_policy`) samples that model in `dtype`;
+    without `train`, it loads the policy itself (or reaches a server). `executor`: where trees grow
+    (`rollout.engine.make_executor`), one for every engine of the stack."""
+    model = tok = ref_model = None
+    if train:
+        import torch
+
+        from ..lm.models import load_model
+
+        torch.manual_seed(seed)
+        model, tok = load_model(policy.model, device=policy.device)
+        if prepare is not None:
+            prepare(model)
+    if reference:
+        from ..lm.models import load_model
+
+        ref_model, _ = load_model(policy.model, device=policy.device)
+        ref_model.eval().requires_grad_(False)
+    stack = build_policy(policy, model=model, tokenizer=tok, seed=seed, dtype=dtype)
+    params = policy.sampling(spec.max_new_tokens)
+    return LMStack(
+        spec,
+        stack,
+        params,
+        engine or EngineConfig(),
+        seed,
+        executor=make_executor(executor, ray),
+        ref_model=ref_model,
     )

@@ -34,11 +34,10 @@ from pathlib import Path
 from ..advantages import batch_advantages
 from ..errors import UserError
 from ..methods import BudgetPlan
-from ..rollout.engine import make_executor
 from ..rollout.records import finite_json, keep_records_before, step_record
 from ..safe_read import read_json
 from ..seeding import derive_seed
-from ..stack.build import build_actor, build_engine, build_env, build_policy, build_predictor
+from ..stack.build import build_env, build_predictor, build_stack
 from ..stack.config import LMEnvConfig, LMRunConfig, check_seed, env_config
 from ..trace_config import TraceConfig, check_advantage, check_method
 from .checkpoint import entries, restore, resume_point, run_record, save_checkpoint
@@ -188,13 +187,14 @@ def accuracy_se(results: list[dict], tasks: int) -> tuple[float, float]:
     return over_tasks, float(np.sqrt(np.sum(c * (s - c) / (s * s * (s - 1)))) / tasks)
 
 
-def evaluate_policy(cfg: TrainConfig, actor, tasks, step: int) -> dict:
+def evaluate_policy(cfg: TrainConfig, engine, tasks, step: int) -> dict:
+    """The held-out evaluation of the policy the training engine samples (its flat `evaluate`)."""
     from ..rollout.evaluate import evaluate
 
-    actor.backend.clear_cache()
+    engine.actor.backend.clear_cache()
     samples: list[dict] = []
     res = evaluate(
-        actor,
+        engine,
         tasks,
         samples=cfg.eval_samples,
         ks=(1, cfg.eval_samples),
@@ -289,10 +289,6 @@ def train(
     seeds, so the evaluation is the same number; it is computed once per seed, not once per run).
     `on_before`: called with the evaluation of the start as soon as this run has computed it.
     """
-    import torch
-
-    from ..lm.models import load_model
-
     out = Path(cfg.out)
     start = 0
     found = entries(out)  # a file or a dangling link named global_step_N counts: a later save would hit it
@@ -312,23 +308,36 @@ def train(
             f"SFT report success {start_model['sft_success']:.3f} ({start_model['path']})",
             file=sys.stderr,
         )
-    torch.manual_seed(cfg.seed)
-    model, tok = load_model(cfg.policy.model, device=cfg.policy.device)
-    model.train()
-    optimizer = make_optimizer(model, cfg.update)
     trace = cfg.trace_config()
     method = trace.method_spec
-    predictor = build_predictor(cfg.predictor, method, cfg.seed, warmup)
     summary_path = out / "train_summary.json"
     state = RunState()
-    if ckpt:
-        restore(ckpt, model, optimizer)
-        predictor, state, start = ckpt.predictor, RunState.from_json(ckpt.state), ckpt.step
-        print(f"resumed from {ckpt.path} (step {start})", file=sys.stderr)
-    ref_model = None
-    if cfg.update.kl_coef > 0:
-        ref_model, _ = load_model(cfg.policy.model, device=cfg.policy.device)
-        ref_model.eval().requires_grad_(False)
+
+    def prepare(model) -> None:  # on the loaded model, before the reference model and the backend
+        nonlocal optimizer, predictor, state, start
+        model.train()
+        optimizer = make_optimizer(model, cfg.update)
+        predictor = build_predictor(cfg.predictor, method, cfg.seed, warmup)
+        if ckpt:
+            restore(ckpt, model, optimizer)
+            predictor, state, start = ckpt.predictor, RunState.from_json(ckpt.state), ckpt.step
+            print(f"resumed from {ckpt.path} (step {start})", file=sys.stderr)
+
+    optimizer = predictor = None
+    # the backend samples in the update's dtype, so each step's first PPO ratio is 1 (lm.precision)
+    stack = build_stack(
+        cfg.policy,
+        spec,
+        cfg.engine,
+        seed=cfg.seed,
+        train=True,
+        reference=cfg.update.kl_coef > 0,
+        dtype=cfg.update.dtype,
+        prepare=prepare,
+        executor=cfg.executor,
+        ray=cfg.ray,
+    )
+    policy, model, tok, ref_model = stack.policy, stack.model, stack.tokenizer, stack.ref_model
     out.mkdir(parents=True, exist_ok=True)
     if config_yaml:
         (out / "config.yaml").write_text(config_yaml + start_comment(start_model))
@@ -336,19 +345,9 @@ def train(
         keep_records_before(out / "metrics.jsonl", start, lambda line: print(line, file=sys.stderr))
     logger = StepLogger(cfg.logger, out, resume=bool(start), run_name=f"{cfg.method}-seed{cfg.seed}")
 
-    params = cfg.policy.sampling(spec.max_new_tokens)
-    # the backend samples in the update's dtype, so each step's first PPO ratio is 1 (lm.precision)
-    policy = build_policy(cfg.policy, model=model, tokenizer=tok, seed=cfg.seed, dtype=cfg.update.dtype)
     backend = policy.backend
-    actor = build_actor(policy, spec, params, cfg.engine)
-    engine = build_engine(
-        actor,
-        predictor,
-        trace.budget,
-        seed=cfg.seed,
-        prefix_share=trace.predictor.prefix_share,
-        executor=make_executor(cfg.executor, cfg.ray),
-        flip_model=cfg.predictor.flip_model,
+    engine = stack.engine(
+        predictor, trace.budget, prefix_share=trace.predictor.prefix_share, flip_model=cfg.predictor.flip_model
     )
     if engine.flip_model is not None and state.flip_model:  # a resumed run's layer, as it was saved
         engine.flip_model.load_state_dict(state.flip_model)
@@ -360,7 +359,7 @@ def train(
     if start == 0:
         model.eval()
         if not before:
-            before = evaluate_policy(cfg, actor, held_out, 0)
+            before = evaluate_policy(cfg, engine, held_out, 0)
             if on_before:
                 on_before(before)
         before = dict(before)
@@ -408,7 +407,7 @@ def train(
             last = step == cfg.steps - 1
             if (step + 1) % cfg.eval_every == 0 or last:
                 t0 = time.perf_counter()
-                rec.eval.update(evaluate_policy(cfg, actor, held_out, step + 1))
+                rec.eval.update(evaluate_policy(cfg, engine, held_out, step + 1))
                 rec.timing_s["eval"] = time.perf_counter() - t0
             rec.train["peak_rss_gib"] = _peak_rss_gib()
             record = rec.flat()
