@@ -69,14 +69,17 @@ HOLDS = {
     "server, BFCL; task loaders",
     "agent": "ReAct turns over token histories",
     "rollout": "the one TRACE step and the one episode loop (`engine`, `grow`: generic over an Actor; the "
-    "engine's flat evaluation), the Ray executor, the LM actor, the metrics schema, the one report of methods x "
+    "engine's flat evaluation), the one run loop of every command (`run_loop`: pool, step, the `Learner`'s "
+    "update, evaluation, records), the Ray executor, the LM actor, the metrics schema, the one report of methods x "
     "seeds at equal cost (curves, intervals, tables, on `stats`), pass@k evaluation",
     "stack": "the settings groups every LM command shares (policy, predictor, engine; env: `env.name` and the "
     "chosen plug-in's own group `env.<name>.*`; torch-free) and the one builder of the LM stack "
     "(`build_stack`): env spec, model and reference model, policy backend (hf, vllm or server), predictor, "
     "actor, engine",
-    "testbed": "synthetic env with exact V, tabular policy and its Actor, oracle, `simulate`, propositions",
-    "train": "the policy update (losses, tree packing), the trainer, checkpoints, loggers, `sft`, `compare`",
+    "testbed": "synthetic env with exact V, tabular policy with its Actor and its learner, oracle, `simulate`, "
+    "propositions",
+    "train": "the policy update (losses, tree packing, the learning-rate schedule) and the LM learner, the trainer, "
+    "checkpoints, loggers, `sft`, `compare`",
     "integrations": "rows for verl and TRL; the verl plugin, the TRL rollout_func",
     "viewer": "HTML tree view",
     "config": "typed configs from YAML and key=value overrides; choice groups (env) typed by the choice made",

@@ -1,5 +1,6 @@
 """metrics.jsonl is strict JSON (jq reads it): a NaN or an infinity is written as null and read back as NaN; files
-written before, with bare NaN, still read; resume trimming drops a torn or garbage line with one warning."""
+written before, with bare NaN, still read; resume trimming drops a torn or garbage line with one warning, and the
+writer of a resumed run keeps the records of the steps before it."""
 
 import json
 import math
@@ -51,6 +52,28 @@ def test_trimming_keeps_earlier_steps_drops_garbage_with_one_line_and_rewrites_s
     assert len(lines) == 1 and "dropped 3 line(s)" in lines[0] and "line 3" in lines[0]
     keep_records_before(tmp_path / "absent.jsonl", 2, lines.append)  # nothing to trim: nothing happens
     assert not (tmp_path / "absent.jsonl").exists()
+
+
+def test_a_writer_resumed_at_step_k_keeps_the_records_before_k_and_appends_the_new_ones(tmp_path):
+    """A crash at step 3 (its record half written) and a resume from the checkpoint of step 2: the file ends with
+    the old records of steps 0 and 1 and the redone ones, as an uninterrupted run's would."""
+    path = tmp_path / "metrics.jsonl"
+    first = MetricsWriter(path)
+    for step in range(3):
+        first.write({"method": "trace", "step": step, "run": "first"})
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write('{"method": "trace", "step": 3, "ru')  # torn by the kill
+    lines: list[str] = []
+    again = MetricsWriter(path, start=2, warn=lines.append)
+    for step in (2, 3):
+        again.write({"method": "trace", "step": step, "run": "resumed"})
+    recs = [strict(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r["run"]) for r in recs] == [(0, "first"), (1, "first"), (2, "resumed"), (3, "resumed")]
+    assert len(lines) == 1 and "dropped 1 line(s)" in lines[0]
+    MetricsWriter(path)  # a run from the start: nothing of an earlier run is kept
+    assert path.read_text() == ""
+    MetricsWriter(tmp_path / "new.jsonl", start=2)  # a resume with no file yet starts one
+    assert (tmp_path / "new.jsonl").read_text() == ""
 
 
 def test_trimming_refuses_a_fifo_instead_of_waiting_on_it(tmp_path):

@@ -142,6 +142,11 @@ def test_a_kill_in_the_middle_of_a_checkpoint_write_leaves_a_run_that_resumes(tm
     assert main(["train", *SMALL, "steps=3", "save_every=1", f"out={run}", "resume=true"]) == 0
     assert (run / "global_step_3").is_dir() and not list(run.glob(".tmp-*"))
     assert [r["step"] for r in records(run)] == [0, 1, 2]
+    # the metrics and predictions of the killed step were dropped and redone: the files of an uninterrupted run
+    assert main(["train", *SMALL, "steps=3", "save_every=1", f"out={tmp_path / 'whole'}"]) == 0
+    assert [untimed(r) for r in records(run)] == [untimed(r) for r in records(tmp_path / "whole")]
+    preds = [(d / "predictions.jsonl").read_text() for d in (run, tmp_path / "whole")]
+    assert preds[0] == preds[1] and preds[0]
 
 
 @pytest.mark.parametrize("env", ["calculator", "math", "qa", "bfcl"])

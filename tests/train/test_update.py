@@ -10,7 +10,7 @@ from test_packing import random_tree, shared_turn_tree
 
 from trace_rl.lm.models import create_tiny_model
 from trace_rl.train.packing import flat_token_logprobs
-from trace_rl.train.update import UpdateConfig, make_optimizer, scheduled_lr, update_policy
+from trace_rl.train.update import UpdateConfig, make_optimizer, schedule_lr, scheduled_lr, update_policy
 
 
 def tiny():
@@ -202,6 +202,10 @@ def test_the_learning_rate_falls_linearly_by_step_to_its_final_share():
     assert scheduled_lr(cfg, 9, 4) == pytest.approx(1e-4)  # past the last step (steps lowered on resume): the floor
     assert scheduled_lr(cfg, 0, 1) == 1e-3  # one step: the peak
     assert [scheduled_lr(UpdateConfig(lr=1e-3, final_lr=1.0), s, 4) for s in range(4)] == [1e-3] * 4  # constant
+    model = tiny()
+    optimizer = make_optimizer(model, cfg)
+    assert schedule_lr(optimizer, cfg, 2, 4) == pytest.approx(4e-4)  # the update sets its own step's rate
+    assert [g["lr"] for g in optimizer.param_groups] == [pytest.approx(4e-4)] * len(optimizer.param_groups)
 
 
 def test_minibatches_are_successive_steps_on_dealt_groups_and_the_clip_binds_after_the_first():

@@ -3,8 +3,8 @@
 No policy update: every method samples from the same model, sees the same candidate pools, and runs the one
 TRACE step (`engine`) with the LM actor, so its predictor learns online from its own trees (a fresh predictor
 per method), as in training. It is built on the LM stack (`stack.build`) as `train` is: the same policy,
-backend, env and engine, without the update. `run` writes the summary table (`rollout.report.summarize`) and the
-effective-ratio plot.
+backend, env and engine, and the same run loop (`rollout.run_loop`), without a learner. `run` writes the summary
+table (`rollout.report.summarize`) and the effective-ratio plot.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import gc
 import json
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from ..config import write_config
-from ..predictors.diagnostics import node_records
-from ..rollout.records import MetricsWriter, step_record
+from ..rollout.records import MetricsWriter
+from ..rollout.run_loop import RunLoop
 from ..seeding import derive_seed
 from ..stack.build import build_env, build_predictor, build_stack
 from ..stack.config import LMRunConfig, check_seed
 from ..trace_config import TraceConfig, check_methods
-from ..tree import save_trees
 
 DEFAULT_METHODS = ("grpo", "pcl", "treepo", "trace_root_only", "trace")
 
@@ -47,6 +47,18 @@ class RolloutConfig(LMRunConfig):
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
+
+
+def _progress(name: str, steps: int, records: list[dict]) -> None:
+    """The progress line of a method: steps done, running mean effective ratio, tokens generated so far."""
+    er = sum(r["rollout/effective_ratio"] for r in records) / len(records)
+    tokens = sum(r["rollout/generated_tokens"] for r in records)
+    print(
+        f"\r{name:<18} step {len(records)}/{steps}  effective ratio (running mean) {er:.3f}  tokens {tokens:,}",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
@@ -79,28 +91,17 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
                 prefix_share=trace.predictor.prefix_share,
                 flip_model=cfg.predictor.flip_model,
             )
-            records = results.setdefault(name, [])
-            for step, pool in enumerate(pools):
-                result = engine.grow(pool, method, step)
-                record = step_record(result, seed=cfg.seed).flat()
-                records.append(record)
-                writer.write(record)
-                for rec in node_records(result.active):
-                    preds.write({"method": name, "step": step, **rec})
-                if cfg.save_trees:
-                    save_trees(
-                        out / f"trees_{name}.jsonl", result.active, append=True, extra={"method": name, "step": step}
-                    )
-                if cfg.progress:
-                    er = sum(r["rollout/effective_ratio"] for r in records) / len(records)
-                    tokens = sum(r["rollout/generated_tokens"] for r in records)
-                    print(
-                        f"\r{name:<18} step {step + 1}/{cfg.steps}  effective ratio (running mean) {er:.3f}  "
-                        f"tokens {tokens:,}",
-                        end="",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            loop = RunLoop(
+                engine,
+                method,
+                pool=lambda step: pools[step],
+                seed=cfg.seed,
+                log=writer.write,
+                predictions=preds,
+                trees=out / f"trees_{name}.jsonl" if cfg.save_trees else None,
+                progress=partial(_progress, name, cfg.steps) if cfg.progress else None,
+            )
+            results[name] = loop.run(cfg.steps)
             if cfg.progress:
                 print(file=sys.stderr)
     finally:

@@ -117,13 +117,17 @@ def step_record(result: StepResult, seed: int = 0) -> StepRecord:
 
 
 class MetricsWriter:
-    """Appends flat records to `path` as JSON-lines; opening truncates, so a rerun into the same directory
-    never mixes with an earlier run's records (a resumed run keeps them: truncate=False)."""
+    """Appends flat records to `path` as JSON-lines. A run from the start empties the file, so a rerun into the
+    same directory never mixes with an earlier run's records; a run resumed at step `start` keeps the records of
+    the steps before it and drops the rest, which it redoes (`keep_records_before`; `warn` hears of a dropped
+    line that is no record), so the file ends as an uninterrupted run's would."""
 
-    def __init__(self, path: str | Path, truncate: bool = True):
+    def __init__(self, path: str | Path, start: int = 0, warn: Callable[[str], None] | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if truncate or not self.path.exists():
+        if start:
+            keep_records_before(self.path, start, warn)
+        if not start or not self.path.exists():
             self.path.write_text("")
 
     def write(self, record: StepRecord | dict) -> None:

@@ -2,7 +2,8 @@
 
 One step is the TRACE step of `rollout.engine` (stage-1 allocation, bare rollouts, stage 2 per prompt,
 targets, the method's own predictor update) with the testbed's tabular policy as the actor, followed by the
-policy-gradient update on the trees' advantages. Every method sees the same tasks in the same order and
+policy-gradient update on the trees' advantages (`TabularLearner`), both driven by the one run loop
+(`rollout.run_loop`) that `rollout` and `train` use. Every method sees the same tasks in the same order and
 starts from the same policy, so differences come from how each one spends the budget.
 
 Two presets (`preset=`): `learning` (the default) starts the policy weak (warm start 1.5), far below the
@@ -17,8 +18,8 @@ docs/results/2026-12-01-accuracy-testbed.md. With several seeds the summary adds
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -28,14 +29,13 @@ from ..advantages import batch_advantages
 from ..methods import BudgetPlan, Method, get_method
 from ..paths import turn_rows
 from ..predictors import RewardHistoryPredictor
-from ..predictors.diagnostics import node_records
 from ..predictors.flip import FLIP_MODELS, make_flip_model
 from ..rollout.engine import TreeRolloutEngine, check_executor, make_executor
 from ..rollout.ray_executor import RayConfig
-from ..rollout.records import MetricsWriter, read_metrics, step_record
+from ..rollout.records import MetricsWriter, read_metrics
+from ..rollout.run_loop import RunLoop
 from ..seeding import derive_rng
 from ..trace_config import PREFIX_SHARE, check_methods, check_prefix_share
-from ..tree import save_trees
 from .actor import TestbedActor
 from .env import TestbedConfig, TestbedTask, make_tasks
 from .policy import SoftmaxPolicy
@@ -138,49 +138,22 @@ class SimulateConfig:
             raise ValueError(f"train_tasks must be >= the candidate pool ({self.budget.pool}), got {self.train_tasks}")
 
 
-class MethodRun:
-    """One method's run: policy, its predictor, the engine and the data order."""
+class TabularLearner:
+    """The testbed's learner (`rollout.run_loop.Learner`): a policy-gradient step of the tabular policy on the
+    rows of the step's trees, weighted by the method's advantages."""
 
-    def __init__(
-        self,
-        method: Method,
-        cfg: SimulateConfig,
-        seed: int,
-        train: list[TestbedTask],
-        evals: list[TestbedTask],
-        executor=None,
-    ):
-        self.method, self.cfg, self.seed = method, cfg, seed
-        self.env = replace(cfg.env, seed=seed)
-        self.train, self.evals = train, evals
-        tasks = {t.index: t for t in train + evals}
-        self.policy = SoftmaxPolicy(self.env, cfg.policy.warm_start)
-        self.data_rng = derive_rng(seed, "data")  # the same prompt order for every method
-        if method.predictor == "oracle":
-            self.predictor = OraclePredictor(tasks, self.policy)
-        elif method.predictor == "history":
-            self.predictor = RewardHistoryPredictor()
-        elif method.predictor == "gp":
-            self.predictor = vip_predictor(self.env, tasks)
-        else:
-            self.predictor = learned_predictor(self.env, tasks, lr=cfg.predictor.lr, seed=seed)
-        self.engine = TreeRolloutEngine(
-            TestbedActor(self.env, self.policy),
-            self.predictor,
-            cfg.budget,
-            seed=seed,
-            prefix_share=cfg.predictor.prefix_share,
-            executor=executor,
-            flip_model=make_flip_model(cfg.predictor.flip_model),
-        )
+    def __init__(self, policy: SoftmaxPolicy, advantage: str, lr: float, scale: int):
+        self.policy, self.advantage, self.lr, self.scale = policy, advantage, lr, scale
 
-    def step(self, step: int):
-        idx = self.data_rng.choice(len(self.train), size=self.cfg.budget.pool, replace=False)
-        result = self.engine.grow([self.train[i] for i in idx], self.method, step)
-        t0 = time.perf_counter()
+    def begin_step(self) -> None:
+        """Nothing to prepare: the tabular policy samples its current logits."""
+
+    def update(self, result, step: int) -> dict[str, float]:
+        """Returns the update side of the chain: rows trained, the share with a non-zero advantage, the step's
+        size."""
         rows = []
         active = result.active
-        for tree, adv in zip(active, batch_advantages(self.method.advantage, active)):
+        for tree, adv in zip(active, batch_advantages(self.advantage, active)):
             rows += turn_rows(tree, adv)
         before = self.policy.theta.copy()
         if rows:
@@ -190,21 +163,70 @@ class MethodRun:
                 np.array([i["at"] for i in info]),
                 np.array([i["a"] for i in info]),
                 np.array([r["advantage"] for r in rows]),
-                lr=self.cfg.policy.lr,
-                scale=self.cfg.budget.total,
+                lr=self.lr,
+                scale=self.scale,
             )
-        record = step_record(result, seed=self.seed)
-        record.timing_s["update"] = time.perf_counter() - t0
-        # the update side of the chain: rows trained, the share with a non-zero advantage, the step's size
         adv = np.array([r["advantage"] for r in rows])
-        record.train.update(
-            {
-                "rows": len(rows),
-                "nonzero_advantage_share": float(np.mean(np.abs(adv) > 1e-12)) if rows else 0.0,
-                "update_norm": float(np.linalg.norm(self.policy.theta - before)),
-            }
-        )
-        return record, result
+        return {
+            "rows": len(rows),
+            "nonzero_advantage_share": float(np.mean(np.abs(adv) > 1e-12)) if rows else 0.0,
+            "update_norm": float(np.linalg.norm(self.policy.theta - before)),
+        }
+
+
+def method_loop(
+    method: Method,
+    cfg: SimulateConfig,
+    seed: int,
+    train: list[TestbedTask],
+    evals: list[TestbedTask],
+    executor=None,
+) -> tuple[RunLoop, SoftmaxPolicy]:
+    """One method's run on the testbed: its policy, its predictor, the engine, the data order (the same prompts
+    for every method) and the tabular learner, as a run loop (without outputs); also returns the policy."""
+    env = replace(cfg.env, seed=seed)
+    tasks = {t.index: t for t in train + evals}
+    policy = SoftmaxPolicy(env, cfg.policy.warm_start)
+    data_rng = derive_rng(seed, "data")  # the same prompt order for every method
+    if method.predictor == "oracle":
+        predictor = OraclePredictor(tasks, policy)
+    elif method.predictor == "history":
+        predictor = RewardHistoryPredictor()
+    elif method.predictor == "gp":
+        predictor = vip_predictor(env, tasks)
+    else:
+        predictor = learned_predictor(env, tasks, lr=cfg.predictor.lr, seed=seed)
+    engine = TreeRolloutEngine(
+        TestbedActor(env, policy),
+        predictor,
+        cfg.budget,
+        seed=seed,
+        prefix_share=cfg.predictor.prefix_share,
+        executor=executor,
+        flip_model=make_flip_model(cfg.predictor.flip_model),
+    )
+    loop = RunLoop(
+        engine,
+        method,
+        pool=lambda step: [train[i] for i in data_rng.choice(len(train), size=cfg.budget.pool, replace=False)],
+        seed=seed,
+        learner=TabularLearner(policy, method.advantage, cfg.policy.lr, cfg.budget.total),
+        evaluate=lambda step: {"accuracy": policy.accuracy(evals)},  # exact, over the held-out prompts
+        eval_every=cfg.eval_every,
+    )
+    return loop, policy
+
+
+def _progress(label: str, steps: int, before: float, records: list[dict]) -> None:
+    """The progress line of a method's run: steps done, running mean effective ratio, the latest accuracy."""
+    er = np.mean([r["rollout/effective_ratio"] for r in records])
+    acc = next((r["eval/accuracy"] for r in reversed(records) if "eval/accuracy" in r), before)
+    print(
+        f"\r{label} step {len(records):>3}/{steps}  effective ratio (running mean) {er:.3f}  accuracy {acc:.3f}",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def run_simulation(cfg: SimulateConfig, seed: int | None = None, out: Path | None = None) -> dict[str, list[dict]]:
@@ -225,40 +247,17 @@ def run_simulation(cfg: SimulateConfig, seed: int | None = None, out: Path | Non
     results: dict[str, list[dict]] = {}
     executor = make_executor(cfg.executor, cfg.ray)
     for mi, name in enumerate(cfg.methods):
-        run = MethodRun(get_method(name), cfg, seed, train, evals, executor)
-        records = []
-        acc = run.policy.accuracy(evals)
-        for step in range(cfg.steps):
-            record, result = run.step(step)
-            if step == 0:
-                record.eval["accuracy_before"] = acc  # the policy's exact accuracy before any update
-            if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
-                t0 = time.perf_counter()
-                acc = run.policy.accuracy(evals)
-                record.eval["accuracy"] = acc
-                record.timing_s["eval"] = time.perf_counter() - t0
-            flat = record.flat()
-            records.append(flat)
-            if writer:
-                writer.write(flat)
-                for rec in node_records(result.active):
-                    preds.write({"method": name, "step": step, **rec})
-                if cfg.save_trees_every and (step + 1) % cfg.save_trees_every == 0:
-                    save_trees(
-                        out / f"trees_{name}.jsonl", result.active, append=True, extra={"method": name, "step": step}
-                    )
-            if cfg.progress:
-                er = np.mean([r["rollout/effective_ratio"] for r in records])
-                print(
-                    f"\r[{mi + 1}/{len(cfg.methods)}] {name:<18} step {step + 1:>3}/{cfg.steps}  "
-                    f"effective ratio (running mean) {er:.3f}  accuracy {acc:.3f}",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        loop, policy = method_loop(get_method(name), cfg, seed, train, evals, executor)
+        before = policy.accuracy(evals)  # the policy's exact accuracy before any update
+        if out:
+            loop.log, loop.predictions = writer.write, preds
+            if cfg.save_trees_every:
+                loop.trees, loop.trees_every = out / f"trees_{name}.jsonl", cfg.save_trees_every
+        if cfg.progress:
+            loop.progress = partial(_progress, f"[{mi + 1}/{len(cfg.methods)}] {name:<18}", cfg.steps, before)
+        results[name] = loop.run(cfg.steps, before={"accuracy_before": before})
         if cfg.progress:
             print(file=sys.stderr)
-        results[name] = records
     return results
 
 

@@ -26,14 +26,19 @@ CONSOLE_KEYS = (
 
 
 class StepLogger:
+    """The step records of a run (from step `start`: a resumed run's metrics.jsonl keeps the records of the steps
+    before it and drops those it redoes, `MetricsWriter`) to every sink asked for."""
+
     def __init__(
-        self, sinks: list[str], out: Path, config: dict | None = None, resume: bool = False, run_name: str = "trace-rl"
+        self, sinks: list[str], out: Path, config: dict | None = None, start: int = 0, run_name: str = "trace-rl"
     ):
         unknown = [s for s in sinks if s not in SINKS]
         if unknown:
             raise ValueError(f"logger: unknown {unknown}; choose from {', '.join(SINKS)}")
         self.sinks, self.out = list(sinks), Path(out)
-        self.jsonl = MetricsWriter(self.out / "metrics.jsonl", truncate=not resume) if "jsonl" in sinks else None
+        self.jsonl = None
+        if "jsonl" in sinks:
+            self.jsonl = MetricsWriter(self.out / "metrics.jsonl", start, lambda line: print(line, file=sys.stderr))
         self.tb = self.wandb = None
         if "tensorboard" in sinks:
             try:
@@ -54,7 +59,7 @@ class StepLogger:
                     name=run_name,
                     config=config,
                     dir=str(self.out),
-                    resume="allow" if resume else None,
+                    resume="allow" if start else None,
                 )
             except ImportError:
                 print("logger: wandb was asked for but is not installed (pip install wandb); skipped", file=sys.stderr)

@@ -1,9 +1,11 @@
 """`trace-rl train`: train an LM agent with TRACE (or a baseline) end to end.
 
-Each step, read top to bottom: candidate pool -> the one TRACE step (`rollout.engine`: predictor, stage-1
-allocation, tree rollouts, targets, predictor update) -> tree advantages -> policy update on the trees
-(`train.update`, tree-packed) -> weight sync to the backend (its KV caches are dropped) -> metrics; held-out
-evaluation every `eval_every` steps and at the end; a checkpoint every `save_every` steps and at the end.
+`train()` reads in pieces: the resume point, the build, the evaluation of the start, the run loop, checkpoints
+and the summary. Each step is the one run loop's (`rollout.run_loop`): candidate pool -> the one TRACE step
+(`rollout.engine`: predictor, stage-1 allocation, tree rollouts, targets, predictor update) -> the LM learner
+(`train.learner`: the step's learning rate, tree advantages, the tree-packed policy update, weight sync to the
+backend, whose KV caches are dropped) -> metrics; held-out evaluation every `eval_every` steps and at the end; a
+checkpoint every `save_every` steps and at the end.
 
 Resuming (`resume=true`) loads the newest intact checkpoint (a damaged one is skipped with one line, see
 `checkpoint`; a run that already reached `steps` says so and returns its summary) and continues with the same
@@ -26,23 +28,24 @@ import hashlib
 import json
 import resource
 import sys
-import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..advantages import batch_advantages
 from ..errors import UserError
 from ..methods import BudgetPlan
-from ..rollout.records import finite_json, keep_records_before, step_record
+from ..rollout.records import MetricsWriter, StepRecord, finite_json
+from ..rollout.run_loop import RunLoop
 from ..safe_read import read_json
 from ..seeding import derive_seed
 from ..stack.build import build_env, build_predictor, build_stack
 from ..stack.config import LMEnvConfig, LMRunConfig, check_seed, env_config
 from ..trace_config import TraceConfig, check_advantage, check_method
 from .checkpoint import entries, restore, resume_point, run_record, save_checkpoint
+from .learner import LMLearner
 from .loggers import SINKS, StepLogger
-from .update import UpdateConfig, make_optimizer, scheduled_lr, update_policy
+from .update import UpdateConfig, make_optimizer
 
 
 @dataclass
@@ -212,17 +215,8 @@ def evaluate_policy(cfg: TrainConfig, engine, tasks, step: int) -> dict:
     }
 
 
-def write_predictions(out: Path, result, step: int, start: int) -> None:
-    """Append the step's scored nodes (with the flips of chosen prefixes) to predictions.jsonl; a resumed run
-    first drops the records of steps it redoes."""
-    from ..predictors.diagnostics import node_records
-
-    path = out / "predictions.jsonl"
-    if step == start:
-        keep_records_before(path, start, lambda line: print(line, file=sys.stderr))
-    with open(path, "a", encoding="utf-8") as fh:
-        for rec in node_records(result.active):
-            fh.write(json.dumps({"method": result.method, "step": step, **rec}) + "\n")
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def _peak_rss_gib() -> float:
@@ -276,6 +270,189 @@ def _finished_summary(cfg: TrainConfig, out: Path, state: RunState) -> dict:
     }
 
 
+def resume_checkpoint(cfg: TrainConfig, out: Path, identity: dict):
+    """The checkpoint a resumed run continues from (`checkpoint.resume_point`: the newest intact one of this run),
+    None for a run from the start; an `out` that holds checkpoints without resume=true is refused."""
+    found = entries(out)  # a file or a dangling link named global_step_N counts: a later save would hit it
+    if found and not cfg.resume:
+        raise UserError(f"out: {out} already holds checkpoints; pass resume=true to continue, or another out")
+    return resume_point(out, _stderr, identity) if cfg.resume and found else None
+
+
+@dataclass
+class TrainRun:
+    """A run once built: its parts, the step it starts at (a resumed run's checkpoint step, else 0) and what it
+    has reached (`state`). Its methods are what the run loop calls: the pool of a step, the evaluation, the run
+    totals of a record, the checkpoint after a step."""
+
+    cfg: TrainConfig
+    out: Path
+    identity: dict  # checkpoint.run_record of the run
+    config_yaml: str
+    start: int
+    start_model: dict  # the warm start (ensure_policy)
+    tokenizer: object
+    policy: object  # stack.build.PolicyStack
+    engine: object  # rollout.engine.TreeRolloutEngine, with the run's predictor
+    learner: LMLearner  # with the model and its optimizer
+    method: object  # the method's spec (methods.Method)
+    spec: object  # the environment (envs.registry.EnvSpec)
+    held_out: list[dict]
+    state: RunState
+
+    def pool(self, step: int) -> list[dict]:
+        """The step's candidate pool, drawn from the seed and the step (a resumed run draws the same ones); its
+        digest is chained onto the run's."""
+        tasks = self.spec.train(self.cfg.budget.pool, derive_seed(self.cfg.seed, "pool", step))
+        self.state.pools_digest = task_digest(tasks, self.state.pools_digest)
+        return tasks
+
+    def evaluate(self, step: int) -> dict:
+        return evaluate_policy(self.cfg, self.engine, self.held_out, step)
+
+    def finish(self, record: StepRecord, result) -> None:
+        """The run totals in a step's record: rollouts so far, peak memory."""
+        self.state.rollouts += result.rollouts
+        record.train["rollouts_total"] = self.state.rollouts
+        record.train["peak_rss_gib"] = _peak_rss_gib()
+
+    def saved(self, step: int) -> None:
+        """After step `step`'s record is written: the state reached, and a checkpoint every `save_every` steps and
+        at the last."""
+        cfg, state = self.cfg, self.state
+        state.step = step + 1
+        if self.engine.flip_model is not None:  # the calibrated flip layer resumes from the checkpoint's state
+            state.flip_model = self.engine.flip_model.state_dict()
+        if (step + 1) % cfg.save_every == 0 or step == cfg.steps - 1:
+            model, optimizer, predictor = self.learner.model, self.learner.optimizer, self.engine.predictor
+            doc, yaml = state.to_json(), self.config_yaml
+            save_checkpoint(
+                self.out, step + 1, model, self.tokenizer, optimizer, predictor, doc, yaml, cfg.keep_last, self.identity
+            )
+
+
+def build_run(cfg: TrainConfig, ckpt, identity: dict, config_yaml: str) -> TrainRun:
+    """The env, the warm start, the LM stack (`build_stack`: the model, prepared here with its optimizer and the
+    predictor, a resumed run's restored from `ckpt` with the random streams, before the reference model and the
+    backend load), the run directory, the engine and the learner."""
+    out = Path(cfg.out)
+    spec = build_env(cfg.env)  # a corpus or sandbox problem stops the run before the warm start
+    warmup = [] if ckpt else cfg.predictor.warmup_trees()  # a resumed run's predictor is in its checkpoint
+    start_model = ensure_policy(cfg)
+    if start_model.get("key"):
+        print(
+            f"warm start {cfg.policy.model}: weights {start_model['weights_digest']}, "
+            f"SFT report success {start_model['sft_success']:.3f} ({start_model['path']})",
+            file=sys.stderr,
+        )
+    trace = cfg.trace_config()
+    optimizer = predictor = None
+    state, start = RunState(), 0
+
+    def prepare(model) -> None:  # on the loaded model, before the reference model and the backend
+        nonlocal optimizer, predictor, state, start
+        model.train()
+        optimizer = make_optimizer(model, cfg.update)
+        predictor = build_predictor(cfg.predictor, trace.method_spec, cfg.seed, warmup)
+        if ckpt:
+            restore(ckpt, model, optimizer)
+            predictor, state, start = ckpt.predictor, RunState.from_json(ckpt.state), ckpt.step
+            print(f"resumed from {ckpt.path} (step {start})", file=sys.stderr)
+
+    # the backend samples in the update's dtype, so each step's first PPO ratio is 1 (lm.precision)
+    stack = build_stack(
+        cfg.policy,
+        spec,
+        cfg.engine,
+        seed=cfg.seed,
+        train=True,
+        reference=cfg.update.kl_coef > 0,
+        dtype=cfg.update.dtype,
+        prepare=prepare,
+        executor=cfg.executor,
+        ray=cfg.ray,
+    )
+    model, tok, policy, ref_model = stack.model, stack.tokenizer, stack.policy, stack.ref_model
+    out.mkdir(parents=True, exist_ok=True)
+    if config_yaml:
+        (out / "config.yaml").write_text(config_yaml + start_comment(start_model))
+    engine = stack.engine(
+        predictor, trace.budget, prefix_share=trace.predictor.prefix_share, flip_model=cfg.predictor.flip_model
+    )
+    if engine.flip_model is not None and state.flip_model:  # a resumed run's layer, as it was saved
+        engine.flip_model.load_state_dict(state.flip_model)
+    held_out = spec.held_out(cfg.eval_tasks, derive_seed(cfg.seed, "held-out"))
+    state.held_out_digest = task_digest(held_out)
+    learner = LMLearner(
+        model,
+        optimizer,
+        policy,
+        cfg.update,
+        cfg.steps,
+        trace.advantage_name,
+        ref_model=ref_model,
+        temperature=cfg.policy.temperature,  # log-probs of the distribution the rollouts sampled
+    )
+    return TrainRun(
+        cfg=cfg,
+        out=out,
+        identity=identity,
+        config_yaml=config_yaml,
+        start=start,
+        start_model=start_model,
+        tokenizer=tok,
+        policy=policy,
+        engine=engine,
+        learner=learner,
+        method=trace.method_spec,
+        spec=spec,
+        held_out=held_out,
+        state=state,
+    )
+
+
+def start_evaluation(run: TrainRun, before: dict | None, on_before: Callable[[dict], None] | None) -> dict:
+    """The held-out evaluation of the start policy (`before` when the caller has it), kept in the run's state;
+    returns it as the eval/ keys of step 0's record (accuracy_before, before_accuracy_se, ...)."""
+    run.learner.model.eval()
+    if not before:
+        before = evaluate_policy(run.cfg, run.engine, run.held_out, 0)
+        if on_before:
+            on_before(before)
+    before = dict(before)
+    run.state.accuracy_before = before["accuracy"]
+    run.state.before = before
+    print(
+        f"held-out accuracy before training: {before['accuracy']:.3f} (standard error over tasks "
+        f"{before['accuracy_se']:.3f}, of the sampling on these tasks {before['accuracy_se_sampling']:.3f})",
+        file=sys.stderr,
+    )
+    return {f"{k}_before" if k == "accuracy" else f"before_{k}": v for k, v in before.items()}
+
+
+def write_summary(run: TrainRun, record: dict) -> dict:
+    """train_summary.json (strict JSON: a NaN standard error is null) from the state and the last step's record."""
+    cfg, state = run.cfg, run.state
+    summary = {
+        "method": cfg.method,
+        "seed": cfg.seed,
+        "steps": cfg.steps,
+        "accuracy_before": state.accuracy_before,
+        "before": state.before,
+        "accuracy_after": record.get("eval/accuracy"),
+        "accuracy_se": record.get("eval/accuracy_se"),
+        "accuracy_se_sampling": record.get("eval/accuracy_se_sampling"),
+        "rollouts": state.rollouts,
+        "warm_start": run.start_model,
+        "held_out_digest": state.held_out_digest,
+        "pools_digest": state.pools_digest,
+        "peak_rss_gib": _peak_rss_gib(),
+        "out": str(run.out),
+    }
+    (run.out / "train_summary.json").write_text(finite_json(summary, indent=2))
+    return summary
+
+
 def train(
     cfg: TrainConfig,
     config_yaml: str = "",
@@ -290,152 +467,31 @@ def train(
     `on_before`: called with the evaluation of the start as soon as this run has computed it.
     """
     out = Path(cfg.out)
-    start = 0
-    found = entries(out)  # a file or a dangling link named global_step_N counts: a later save would hit it
-    if found and not cfg.resume:
-        raise UserError(f"out: {out} already holds checkpoints; pass resume=true to continue, or another out")
-    run = run_identity(cfg)
-    ckpt = resume_point(out, lambda line: print(line, file=sys.stderr), run) if cfg.resume and found else None
+    identity = run_identity(cfg)
+    ckpt = resume_checkpoint(cfg, out, identity)
     if ckpt and ckpt.step >= cfg.steps:  # nothing left to train: say so, and hand back what the run reached
         print(f"{out} already reached step {ckpt.step} (steps={cfg.steps}); raise steps to train on", file=sys.stderr)
         return _finished_summary(cfg, out, RunState.from_json(ckpt.state))
-    spec = build_env(cfg.env)  # a corpus or sandbox problem stops the run before the warm start
-    warmup = [] if ckpt else cfg.predictor.warmup_trees()  # a resumed run's predictor is in its checkpoint
-    start_model = ensure_policy(cfg)
-    if start_model.get("key"):
-        print(
-            f"warm start {cfg.policy.model}: weights {start_model['weights_digest']}, "
-            f"SFT report success {start_model['sft_success']:.3f} ({start_model['path']})",
-            file=sys.stderr,
-        )
-    trace = cfg.trace_config()
-    method = trace.method_spec
-    summary_path = out / "train_summary.json"
-    state = RunState()
-
-    def prepare(model) -> None:  # on the loaded model, before the reference model and the backend
-        nonlocal optimizer, predictor, state, start
-        model.train()
-        optimizer = make_optimizer(model, cfg.update)
-        predictor = build_predictor(cfg.predictor, method, cfg.seed, warmup)
-        if ckpt:
-            restore(ckpt, model, optimizer)
-            predictor, state, start = ckpt.predictor, RunState.from_json(ckpt.state), ckpt.step
-            print(f"resumed from {ckpt.path} (step {start})", file=sys.stderr)
-
-    optimizer = predictor = None
-    # the backend samples in the update's dtype, so each step's first PPO ratio is 1 (lm.precision)
-    stack = build_stack(
-        cfg.policy,
-        spec,
-        cfg.engine,
-        seed=cfg.seed,
-        train=True,
-        reference=cfg.update.kl_coef > 0,
-        dtype=cfg.update.dtype,
-        prepare=prepare,
-        executor=cfg.executor,
-        ray=cfg.ray,
-    )
-    policy, model, tok, ref_model = stack.policy, stack.model, stack.tokenizer, stack.ref_model
-    out.mkdir(parents=True, exist_ok=True)
-    if config_yaml:
-        (out / "config.yaml").write_text(config_yaml + start_comment(start_model))
-    if start:  # records of steps after the checkpoint are redone; a torn or garbage line is dropped
-        keep_records_before(out / "metrics.jsonl", start, lambda line: print(line, file=sys.stderr))
-    logger = StepLogger(cfg.logger, out, resume=bool(start), run_name=f"{cfg.method}-seed{cfg.seed}")
-
-    backend = policy.backend
-    engine = stack.engine(
-        predictor, trace.budget, prefix_share=trace.predictor.prefix_share, flip_model=cfg.predictor.flip_model
-    )
-    if engine.flip_model is not None and state.flip_model:  # a resumed run's layer, as it was saved
-        engine.flip_model.load_state_dict(state.flip_model)
-    held_out = spec.held_out(cfg.eval_tasks, derive_seed(cfg.seed, "held-out"))
-    pool = trace.budget.pool
-    advantage = trace.advantage_name
-
-    state.held_out_digest = task_digest(held_out)
-    if start == 0:
-        model.eval()
-        if not before:
-            before = evaluate_policy(cfg, engine, held_out, 0)
-            if on_before:
-                on_before(before)
-        before = dict(before)
-        state.accuracy_before = before["accuracy"]
-        state.before = before
-        print(
-            f"held-out accuracy before training: {before['accuracy']:.3f} (standard error over tasks "
-            f"{before['accuracy_se']:.3f}, of the sampling on these tasks {before['accuracy_se_sampling']:.3f})",
-            file=sys.stderr,
-        )
-    record = {}
+    run = build_run(cfg, ckpt, identity, config_yaml)
+    records: list[dict] = []
     try:
-        for step in range(start, cfg.steps):
-            tasks = spec.train(pool, derive_seed(cfg.seed, "pool", step))
-            state.pools_digest = task_digest(tasks, state.pools_digest)
-            backend.clear_cache()  # a step never depends on what earlier steps or evaluations left cached
-            model.eval()
-            result = engine.grow(tasks, method, step)
-            rec = step_record(result, seed=cfg.seed)
-            t0 = time.perf_counter()
-            model.train()
-            lr = scheduled_lr(cfg.update, step, cfg.steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            active = result.active
-            stats = update_policy(
-                model,
-                optimizer,
-                active,
-                batch_advantages(advantage, active),
-                cfg.update,
-                ref_model=ref_model,
-                temperature=cfg.policy.temperature,  # log-probs of the distribution the rollouts sampled
+        # records of steps from the start on are (re)done: the writers drop those a resumed run's files hold
+        with closing(StepLogger(cfg.logger, out, start=run.start, run_name=f"{cfg.method}-seed{cfg.seed}")) as logger:
+            before_keys = start_evaluation(run, before, on_before) if run.start == 0 else None
+            loop = RunLoop(
+                run.engine,
+                run.method,
+                run.pool,
+                cfg.seed,
+                learner=run.learner,
+                evaluate=run.evaluate,
+                eval_every=cfg.eval_every,
+                log=logger.log,
+                predictions=MetricsWriter(out / "predictions.jsonl", run.start, _stderr),
+                finish=run.finish,
+                saved=run.saved,
             )
-            model.eval()
-            policy.sync_weights()  # the backend samples the new weights; no cached KV of the old ones
-            rec.timing_s["update"] = time.perf_counter() - t0
-            rec.train.update({k.split("/", 1)[1]: v for k, v in stats.items()})
-            rec.train["lr"] = lr
-            state.rollouts += result.rollouts
-            rec.train["rollouts_total"] = state.rollouts
-            if step == 0 and before:  # the start of every accuracy curve: 0 rollouts
-                rec.eval.update({f"{k}_before" if k == "accuracy" else f"before_{k}": v for k, v in before.items()})
-            write_predictions(out, result, step, start)
-            last = step == cfg.steps - 1
-            if (step + 1) % cfg.eval_every == 0 or last:
-                t0 = time.perf_counter()
-                rec.eval.update(evaluate_policy(cfg, engine, held_out, step + 1))
-                rec.timing_s["eval"] = time.perf_counter() - t0
-            rec.train["peak_rss_gib"] = _peak_rss_gib()
-            record = rec.flat()
-            logger.log(record)
-            state.step = step + 1
-            if engine.flip_model is not None:  # the calibrated flip layer resumes from the checkpoint's state
-                state.flip_model = engine.flip_model.state_dict()
-            if (step + 1) % cfg.save_every == 0 or last:
-                doc = state.to_json()
-                save_checkpoint(out, step + 1, model, tok, optimizer, predictor, doc, config_yaml, cfg.keep_last, run)
+            records = loop.run(cfg.steps, run.start, before=before_keys)
     finally:
-        logger.close()
-        policy.close()
-    summary = {
-        "method": cfg.method,
-        "seed": cfg.seed,
-        "steps": cfg.steps,
-        "accuracy_before": state.accuracy_before,
-        "before": state.before,
-        "accuracy_after": record.get("eval/accuracy"),
-        "accuracy_se": record.get("eval/accuracy_se"),
-        "accuracy_se_sampling": record.get("eval/accuracy_se_sampling"),
-        "rollouts": state.rollouts,
-        "warm_start": start_model,
-        "held_out_digest": state.held_out_digest,
-        "pools_digest": state.pools_digest,
-        "peak_rss_gib": _peak_rss_gib(),
-        "out": str(out),
-    }
-    summary_path.write_text(finite_json(summary, indent=2))  # strict JSON: a NaN standard error is null
-    return summary
+        run.policy.close()
+    return write_summary(run, records[-1] if records else {})

@@ -164,6 +164,15 @@ def scheduled_lr(cfg: UpdateConfig, step: int, steps: int) -> float:
     return cfg.lr * (1.0 - (1.0 - cfg.final_lr) * min(frac, 1.0))
 
 
+def schedule_lr(optimizer: torch.optim.Optimizer, cfg: UpdateConfig, step: int, steps: int) -> float:
+    """Set the optimizer's rate to update `step`'s (`scheduled_lr`) before the update; returns it (the record's
+    train/lr)."""
+    lr = scheduled_lr(cfg, step, steps)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 def _batches(trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: UpdateConfig) -> list[PackedBatch]:
     if cfg.packing == "flat":
         return pack_paths(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=cfg.weighting)

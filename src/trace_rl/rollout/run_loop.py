@@ -1,0 +1,105 @@
+"""The one run loop: how every command's steps go, read top to bottom.
+
+Each step: the candidate pool -> the one TRACE step (`engine.grow`) -> the step's record (`records.step_record`)
+-> the learner's update -> held-out evaluation every `eval_every` steps and at the last -> the record written
+(metrics, the predictor's scored nodes, the trees) -> progress. `simulate` (the testbed's tabular learner),
+`rollout` (no learner: the policy stays frozen) and `train` (the LM learner: update, weight sync and its
+learning-rate schedule) run their steps here, and differ only in what they hand the loop.
+
+A learner is what follows the step (the `Learner` protocol): `begin_step()` before the step's rollouts
+(the LM learner empties the backend's caches, so a step never depends on what earlier steps or evaluations left
+cached) and `update(result, step)`, which trains the policy on the step's trees and returns what goes under
+`train/` in the record; the loop times it as `timing_s/update`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ..methods import Method
+from ..predictors.diagnostics import node_records
+from ..tree import save_trees
+from .engine import StepResult, TreeRolloutEngine
+from .records import MetricsWriter, StepRecord, step_record
+
+
+class Learner(Protocol):
+    """The policy update that follows each step (none for `rollout`)."""
+
+    def begin_step(self) -> None:
+        """Called before each step's rollouts: bring the sampler to the state the step starts from."""
+
+    def update(self, result: StepResult, step: int) -> dict[str, float]:
+        """Train the policy on the step's trees; returns the step's `train/*` metrics (without the prefix)."""
+
+
+@dataclass
+class RunLoop:
+    """One method's steps over the engine, and where their records go."""
+
+    engine: TreeRolloutEngine
+    method: Method
+    pool: Callable[[int], Sequence]  # the candidate pool of a step
+    seed: int = 0
+    learner: Learner | None = None  # None: no update, the policy stays frozen
+    evaluate: Callable[[int], dict] | None = None  # held-out metrics of the policy after `n` updates, under eval/
+    eval_every: int = 1  # steps between evaluations (and one after the last step)
+    log: Callable[[dict], None] | None = None  # where each flat record goes (metrics.jsonl, the train loggers)
+    predictions: MetricsWriter | None = None  # the predictor's scored nodes of each step (`diagnose`)
+    trees: Path | None = None  # a JSON-lines file the step's trees are appended to every `trees_every` steps
+    trees_every: int = 1
+    progress: Callable[[list[dict]], None] | None = None  # called with the records so far after each step
+    # train's hooks: `finish(record, result)` adds what only the caller counts before the record is written,
+    # `saved(step)` runs once the record is written (a checkpoint after the record it holds the state of)
+    finish: Callable[[StepRecord, StepResult], None] | None = None
+    saved: Callable[[int], None] | None = None
+
+    def step(self, step: int, steps: int, before: dict | None = None) -> tuple[StepRecord, StepResult]:
+        """One step of `steps`: grow the trees, record them, update the policy, evaluate when due. `before`:
+        eval/ metrics of the start policy, which go into step 0's record (the start of every accuracy curve)."""
+        if self.learner:
+            self.learner.begin_step()
+        result = self.engine.grow(self.pool(step), self.method, step)
+        record = step_record(result, seed=self.seed)
+        if self.learner:
+            t0 = time.perf_counter()
+            record.train.update(self.learner.update(result, step))
+            record.timing_s["update"] = time.perf_counter() - t0
+        if step == 0 and before:
+            record.eval.update(before)
+        if self.evaluate and ((step + 1) % self.eval_every == 0 or step == steps - 1):
+            t0 = time.perf_counter()
+            record.eval.update(self.evaluate(step + 1))
+            record.timing_s["eval"] = time.perf_counter() - t0
+        if self.finish:
+            self.finish(record, result)
+        return record, result
+
+    def write(self, step: int, record: dict, result: StepResult) -> None:
+        """The step's record, the predictor's scored nodes and (when due) the trees, to their files."""
+        name = self.method.name
+        if self.log:
+            self.log(record)
+        if self.predictions:
+            for rec in node_records(result.active):
+                self.predictions.write({"method": name, "step": step, **rec})
+        if self.trees and self.trees_every and (step + 1) % self.trees_every == 0:
+            save_trees(self.trees, result.active, append=True, extra={"method": name, "step": step})
+
+    def run(self, steps: int, start: int = 0, before: dict | None = None) -> list[dict]:
+        """Steps `start`..`steps - 1`; returns their flat records."""
+        records: list[dict] = []
+        for step in range(start, steps):
+            record, result = self.step(step, steps, before)
+            flat = record.flat()
+            records.append(flat)
+            self.write(step, flat, result)
+            if self.saved:
+                self.saved(step)
+            if self.progress:
+                self.progress(records)
+        return records
