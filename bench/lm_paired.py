@@ -28,13 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from trace_rl.rollout.report import at_equal_cost, format_interval, format_table, interval, paired_interval, run_means
-from trace_rl.train.compare import FIRST_EVALUATION_SEED, curves, load_runs, mean_trained_accuracy
-
-
-def _spec(name: str) -> str:
-    """A method as compare names it: the directory name `trace_adv-grpo` is `trace:grpo`."""
-    method, sep, adv = name.partition("_adv-")
-    return f"{method}:{adv}" if sep else name
+from trace_rl.train.compare import FIRST_EVALUATION_SEED, curves, load_runs, mean_trained_accuracy, method_of_dir
 
 
 def load(out: Path, methods: list[str], tuning: bool) -> dict[str, dict[str, dict]]:
@@ -129,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.out.is_dir():
         raise SystemExit(f"{args.out}: not a directory (give a trace-rl compare output directory)")
-    pairs = [(_spec(a), _spec(b)) for a, b in args.pair]
+    pairs = [(method_of_dir(a), method_of_dir(b)) for a, b in args.pair]
     methods = list(dict.fromkeys(m for p in pairs for m in p))
     runs, dropped = common_pairs(load(args.out, methods, args.tuning))
     if dropped:

@@ -106,6 +106,8 @@ def test_agrow_runs_inside_a_running_event_loop(tok):
     async def caller():  # e.g. a verl agent-loop worker or a notebook
         with pytest.raises(RuntimeError, match="agrow"):
             eng.grow(tasks, get_method("trace"))
+        with pytest.raises(RuntimeError, match="aevaluate"):
+            eng.evaluate(tasks)
         return await eng.agrow(tasks, get_method("trace"))
 
     res = asyncio.run(caller())

@@ -125,6 +125,7 @@ def test_pairing_is_checked_per_seed():
 def test_methods_with_an_advantage_estimator():
     assert parse_method("trace:grpo") == ("trace", "grpo") and parse_method("pcl") == ("pcl", "")
     assert run_dir_name("trace:grpo") == "trace_adv-grpo"
+    assert [cmp.method_of_dir(run_dir_name(m)) for m in ("trace:grpo", "pcl")] == ["trace:grpo", "pcl"]
     CompareConfig(methods=["grpo", "trace:tree_grpo"])
     with pytest.raises(ValueError, match="advantage"):
         CompareConfig(methods=["trace:nope"])

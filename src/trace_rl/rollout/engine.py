@@ -121,6 +121,17 @@ class EvalResult:
         return out
 
 
+def _run_sync(coro, name: str):
+    """Run the engine's coroutine `coro` from synchronous code; refused inside a running event loop, where the
+    caller awaits the async twin (`a<name>`) instead."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()  # never started: close it, or Python warns that it was never awaited
+    raise RuntimeError(f"{name}() was called inside a running event loop; use `await engine.a{name}(...)`")
+
+
 class TreeRolloutEngine:
     """Grows one step's trees over a candidate pool with a method, then updates the method's predictor; and
     evaluates a policy on held-out tasks (`evaluate`) with the same episode loop."""
@@ -144,11 +155,7 @@ class TreeRolloutEngine:
 
     def grow(self, tasks: Sequence, method: Method, step: int = 0) -> StepResult:
         """`agrow` from synchronous code; inside a running event loop, use `await engine.agrow(...)`."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.agrow(tasks, method, step))
-        raise RuntimeError("grow() was called inside a running event loop; use `await engine.agrow(...)`")
+        return _run_sync(self.agrow(tasks, method, step), "grow")
 
     async def agrow(self, tasks: Sequence, method: Method, step: int = 0) -> StepResult:
         if self.predictor is None or self.plan is None:
@@ -211,11 +218,7 @@ class TreeRolloutEngine:
         depends on its seed only. Episodes play in batches of `batch` (they bound memory), in (task, sample)
         order, each batch one requester whose every call holds all its live episodes. `on_done(i, s)` is called
         as each sample ends (a progress bar). From synchronous code; inside an event loop, `aevaluate`."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.aevaluate(tasks, samples, seeds, batch, on_done))
-        raise RuntimeError("evaluate() was called inside a running event loop; use `await engine.aevaluate(...)`")
+        return _run_sync(self.aevaluate(tasks, samples, seeds, batch, on_done), "evaluate")
 
     async def aevaluate(
         self,

@@ -85,6 +85,12 @@ def run_dir_name(spec: str) -> str:
     return f"{name}_adv-{advantage}" if advantage else name
 
 
+def method_of_dir(name: str) -> str:
+    """The method a run directory is named for (`run_dir_name` backwards): 'trace_adv-grpo' -> 'trace:grpo'."""
+    method, sep, advantage = name.partition("_adv-")
+    return f"{method}:{advantage}" if sep else name
+
+
 @dataclass
 class CompareConfig:
     """`trace-rl compare`: methods trained from one start at equal rollout budget, paired over seeds."""
