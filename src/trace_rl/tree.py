@@ -7,6 +7,9 @@ child), so an id alone says where a node sits and trees serialise to JSON-lines 
 
 Token ids, loss masks and log-probabilities live on the node that produced them, turn by turn, so a trainer
 never re-tokenises a history: the tokens of a prefix are the concatenation of its path.
+
+A path alone (`path_dict`) is serialised in the same schema, and `from_paths` / `merge_path` put paths back
+into a tree: the verl bridge sends each leaf's path with its training row and rebuilds the trees from them.
 """
 
 from __future__ import annotations
@@ -159,6 +162,60 @@ class RolloutTree:
     def to_dict(self) -> dict:
         return {"root_id": self.root_id, "prompt": self.prompt, "nodes": [asdict(n) for n in self.nodes.values()]}
 
+    def path_dict(self, node_id: str) -> dict:
+        """`to_dict` of the path from the root to `node_id` alone: the same keys and node schema (a node's
+        `children` still name all its children). `from_paths` and `merge_path` put such paths back together."""
+        return {"root_id": self.root_id, "prompt": self.prompt, "nodes": [asdict(n) for n in self.path(node_id)]}
+
+    @classmethod
+    def from_paths(cls, paths: Iterable[dict]) -> "RolloutTree":
+        """The tree holding exactly the nodes of `paths` (`path_dict`s of one tree), checked as `merge_path`."""
+        paths = list(paths)
+        if not paths:
+            raise ValueError("from_paths needs at least one path")
+        tree = cls(paths[0]["root_id"], paths[0].get("prompt"))
+        tree.nodes = {}  # the first path brings the root as it was serialised
+        for data in paths:
+            tree.merge_path(data)
+        return tree
+
+    def merge_path(self, data: dict) -> TurnNode:
+        """Add a `path_dict` of this tree and return the path's last node. Nodes the tree lacks are added; a node
+        it holds must equal the path's in every field but `children`, which list the nodes present, in index
+        order (a path names children it does not carry). ValueError, one line, on a path of another tree or
+        prompt, one that is not a chain from the root, a turn after a terminal node, or a node that differs."""
+        root = str(data["root_id"])
+        if root != self.root_id:
+            raise ValueError(f"a path of tree {root!r} cannot merge into tree {self.root_id!r}")
+        if self.nodes and data.get("prompt") != self.prompt:
+            raise ValueError(f"tree {root!r}: paths disagree on the prompt")
+        try:
+            path = [TurnNode(**raw) for raw in data["nodes"]]
+        except TypeError as err:
+            raise ValueError(f"tree {root!r}: a path node is not a TurnNode ({err})") from None
+        if not path:
+            raise ValueError(f"tree {root!r}: a path without nodes")
+        if path[0].node_id != root or path[0].origin != ROOT:
+            raise ValueError(f"tree {root!r}: a path must start at the root node {root!r}")
+        for prev, node in zip(path, path[1:]):
+            if node.parent_id != prev.node_id or not node.node_id.rsplit(".", 1)[1].isdigit():
+                raise ValueError(f"tree {root!r}: path node {node.node_id!r} is not a child of {prev.node_id!r}")
+            if prev.terminal:
+                raise ValueError(f"tree {root!r}: node {node.node_id!r} follows the terminal node {prev.node_id!r}")
+        for node in path:  # every check before the first change: a refused path leaves the tree as it was
+            held = self.nodes.get(node.node_id)
+            if held is not None and not _same_but_children(held, node):
+                raise ValueError(f"tree {root!r}: paths disagree on node {node.node_id!r}")
+        for node in path:
+            if node.node_id in self.nodes:
+                continue
+            node.children = []
+            self.nodes[node.node_id] = node
+            if node.parent_id is not None:
+                parent = self.nodes[node.parent_id]  # the path's previous node, held or merged just before
+                parent.children = sorted([*parent.children, node.node_id], key=_child_index)
+        return self.nodes[path[-1].node_id]
+
     @classmethod
     def from_dict(cls, data: dict) -> "RolloutTree":
         tree = cls(data["root_id"], data.get("prompt"))
@@ -169,6 +226,17 @@ class RolloutTree:
         if tree.root_id not in tree.nodes:
             raise ValueError(f"tree {tree.root_id!r} has no root node")
         return tree
+
+
+def _child_index(node_id: str) -> int:
+    return int(node_id.rsplit(".", 1)[1])
+
+
+def _same_but_children(a: TurnNode, b: TurnNode) -> bool:
+    a_fields, b_fields = asdict(a), asdict(b)
+    a_fields.pop("children"), b_fields.pop("children")
+    # repr as the fallback: a NaN V~ that crossed a process boundary is a new object, and nan != nan
+    return a_fields == b_fields or repr(a_fields) == repr(b_fields)
 
 
 def save_trees(path: str | Path, trees: Iterable[RolloutTree], append: bool = False, extra: dict | None = None) -> None:

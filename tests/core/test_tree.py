@@ -1,3 +1,6 @@
+import json
+import pickle
+
 import pytest
 
 from trace_rl.paths import turn_rows
@@ -85,3 +88,81 @@ def test_turn_rows_keep_tokens_and_masks(small_tree):
     rows = turn_rows(small_tree, {"0.0": 0.5, "0.1.1": -1.0})
     assert [r["node_id"] for r in rows] == ["0.0", "0.1.1"]
     assert rows[0]["token_ids"] == [1, 2] and rows[0]["loss_mask"] == [1, 1] and rows[0]["advantage"] == 0.5
+
+
+def _json(data) -> str:
+    return json.dumps(data, sort_keys=True)
+
+
+def test_path_dict_is_to_dict_restricted_to_the_path(small_tree):
+    small_tree.compute_targets()
+    whole = {n["node_id"]: n for n in small_tree.to_dict()["nodes"]}
+    path = small_tree.path_dict("0.1.1")
+    assert sorted(path) == sorted(small_tree.to_dict()) and path["root_id"] == "0" and path["prompt"] == "p0"
+    assert path["nodes"] == [whole["0"], whole["0.1"], whole["0.1.1"]]  # children still name every child
+
+
+def test_paths_of_every_leaf_merge_back_into_the_tree_byte_for_byte(small_tree):
+    small_tree.compute_targets()
+    small_tree["0.0"].logprobs, small_tree["0.1"].info = [-0.5, -0.25], {"session": 3}
+    paths = [json.loads(json.dumps(small_tree.path_dict(leaf.node_id))) for leaf in small_tree.leaves()]
+    back = RolloutTree.from_paths(paths)
+    assert json.dumps(back.to_dict()) == json.dumps(small_tree.to_dict())
+    # in another order the same nodes come back; only the order they are listed in follows the paths
+    shuffled = RolloutTree.from_paths(paths[::-1])
+    assert list(shuffled.nodes) != list(small_tree.nodes)
+    assert _json(sorted(shuffled.to_dict()["nodes"], key=lambda n: n["node_id"])) == _json(
+        sorted(small_tree.to_dict()["nodes"], key=lambda n: n["node_id"])
+    )
+    # merging a path the tree already holds changes nothing; an inner node's path merges too
+    assert back.merge_path(paths[1]) is back["0.1.0"] and _json(back.to_dict()) == _json(small_tree.to_dict())
+    assert RolloutTree.from_paths([small_tree.path_dict("0.1")])["0.1"].children == []
+
+
+def test_a_missing_path_leaves_its_leaf_out():
+    tree = RolloutTree("7", prompt="p")
+    a = tree.add_turn("7", token_ids=[4, 5], loss_mask=[0, 1])
+    tree.add_turn(a.node_id, terminal=True, reward=1.0)  # 7.0.0
+    tree.add_turn(a.node_id, terminal=True, reward=0.0, origin=BRANCH)  # 7.0.1
+    tree.add_turn(a.node_id, terminal=True, reward=1.0, origin=BRANCH)  # 7.0.2
+    tree.add_turn("7", terminal=True, reward=0.0)  # 7.1: its own rollout
+    back = RolloutTree.from_paths([tree.path_dict(leaf) for leaf in ("7.0.0", "7.0.2")])
+    assert sorted(back.nodes) == ["7", "7.0", "7.0.0", "7.0.2"]
+    assert back["7"].children == ["7.0"] and back["7.0"].children == ["7.0.0", "7.0.2"]
+    assert back["7.0"].token_ids == [4, 5] and back["7.0"].loss_mask == [0, 1]
+    back.compute_targets()
+    assert back.root.target == 1.0 and back.root.leaves == 2
+
+
+def test_merge_path_refuses_paths_that_do_not_fit_and_leaves_the_tree_as_it_was(small_tree):
+    good = small_tree.path_dict("0.1.0")
+    tree = RolloutTree.from_paths([good])
+    before = _json(tree.to_dict())
+
+    def refused(path: dict, match: str) -> None:
+        with pytest.raises(ValueError, match=match) as err:
+            tree.merge_path(path)
+        assert "\n" not in str(err.value) and _json(tree.to_dict()) == before
+
+    other = small_tree.path_dict("0.1.1")
+    other["nodes"][1]["action"] = "changed"
+    refused(other, "disagree on node '0.1'")
+    refused({**small_tree.path_dict("0.1.1"), "prompt": "p1"}, "disagree on the prompt")
+    refused({**good, "root_id": "1"}, "tree '1' cannot merge into tree '0'")
+    skipped = small_tree.path_dict("0.1.1")
+    del skipped["nodes"][1]
+    refused(skipped, "'0.1.1' is not a child of '0'")
+    refused({**good, "nodes": good["nodes"][1:]}, "start at the root")
+    refused({**good, "nodes": []}, "without nodes")
+    below = small_tree.path_dict("0.1.0")
+    below["nodes"].append({**below["nodes"][-1], "node_id": "0.1.0.0"})
+    refused(below, "follows the terminal node '0.1.0'")
+    refused({**good, "nodes": [{**good["nodes"][0], "colour": 1}]}, "not a TurnNode")
+    with pytest.raises(ValueError, match="at least one path"):
+        RolloutTree.from_paths([])
+
+
+def test_a_nan_value_merges_as_itself(small_tree):
+    small_tree["0.1"].predicted = float("nan")
+    paths = [pickle.loads(pickle.dumps(small_tree.path_dict(leaf))) for leaf in ("0.1.0", "0.1.1")]
+    assert RolloutTree.from_paths(paths)["0.1"].children == ["0.1.0", "0.1.1"]
