@@ -8,24 +8,26 @@ def random_tree(
     rng: np.random.Generator, root_id: str = "t0", bare: int = 3, depth: int = 3, branches: int = 3
 ) -> RolloutTree:
     """Bare chains of `depth` turns, then continuations grown from random non-terminal turns; every turn has a
-    few tokens (policy first, then observation) with log-probs, every leaf a 0/1 reward."""
+    few tokens (sometimes a template token, then policy tokens, then an observation) with log-probs of its
+    policy tokens, every leaf a 0/1 reward. Plain ints and floats, as a tree serialises to JSON."""
 
     def turn(tree, parent, origin, last):
-        n_pol, n_obs = int(rng.integers(1, 4)), int(rng.integers(0, 3))
+        n_tpl, n_pol, n_obs = int(rng.integers(0, 2)), int(rng.integers(1, 4)), int(rng.integers(0, 3))
         return tree.add_turn(
             parent,
             origin=origin,
             action=f"a{rng.integers(9)}",
             observation=f"o{rng.integers(9)}",
-            token_ids=list(rng.integers(5, 50, n_pol + n_obs)),
-            loss_mask=[1] * n_pol + [0] * n_obs,
-            logprobs=list(-rng.random(n_pol)),
+            token_ids=[int(t) for t in rng.integers(5, 50, n_tpl + n_pol + n_obs)],
+            loss_mask=[0] * n_tpl + [1] * n_pol + [0] * n_obs,
+            logprobs=[float(-x) for x in rng.random(n_pol)],
+            predicted=float(rng.random()),
             terminal=last,
             reward=float(rng.integers(0, 2)) if last else None,
         )
 
     tree = RolloutTree(root_id, prompt={"question": "q"})
-    tree.root.token_ids, tree.root.loss_mask = [1, 2, 3], [0, 0, 0]
+    tree.root.token_ids, tree.root.loss_mask, tree.root.predicted = [1, 2, 3], [0, 0, 0], 0.5
     inner = []
     for _ in range(bare):
         parent = tree.root_id

@@ -2,12 +2,13 @@
 
 import asyncio
 import copy
+import json
 
 import numpy as np
 import pytest
 
 from trace_rl.integrations.rows import tree_rows
-from trace_rl.integrations.verl.advantage import leaf_record
+from trace_rl.integrations.verl.advantage import leaf_record, rebuild_trees
 from trace_rl.integrations.verl.predictor_state import load_bytes, shared_predictor, to_bytes
 from trace_rl.integrations.verl.tree_actor import grow_prompt_tree, single_prompt_plan
 from trace_rl.methods import BudgetPlan, get_method
@@ -86,7 +87,14 @@ def test_one_prompt_grows_roots_plus_continuations_and_every_leaf_is_a_finished_
     # the leaves' rows and records are well formed
     tree.compute_targets()
     assert len(tree_rows(tree, {n.node_id: 0.0 for n in tree.turns()})) == len(leaves)
-    assert all(leaf_record(tree, lid)["turns"][-1]["id"] == lid for lid, _ in leaves)
+    # each leaf's record is its path in tree.py's format, and the records give back the grown tree (the engine
+    # grew the rollouts turn by turn in lockstep, so only the order the nodes are listed in differs)
+    records = [json.loads(json.dumps(leaf_record(tree, lid))) for lid, _ in leaves]
+    assert all(rec["nodes"] == tree.path_dict(lid)["nodes"] for rec, (lid, _) in zip(records, leaves))
+    (rebuilt,), _ = rebuild_trees(records, [s.reward for _, s in leaves])
+    assert sorted(json.dumps(n) for n in rebuilt.to_dict()["nodes"]) == sorted(
+        json.dumps(n) for n in tree.to_dict()["nodes"]
+    )
 
 
 def test_single_prompt_plan_spends_exactly_the_given_roots():

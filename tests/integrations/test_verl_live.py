@@ -209,10 +209,16 @@ def test_worker_grows_a_tree_per_prompt_and_puts_every_leaf_as_a_session(monkeyp
     assert set(server.request_ids) == {"trace-u-7"}  # one sticky id per tree
     for out, _ in rec.outputs:
         rec_ = out.extra_fields["trace"]
-        assert sum(t["tokens"] for t in rec_["turns"]) == len(out.response_ids)
-        assert sum(t["policy"] for t in rec_["turns"]) == sum(out.response_mask)
-        assert out.reward_score == _reward(out) and rec_["root_predicted"] == 0.5
-    assert any(t["origin"] == "branch" for r in records for t in r["turns"])
+        assert rec_["root_id"] == "u-7" and rec_["nodes"][-1]["node_id"] == rec_["leaf"] and "unspent" in rec_
+        # the record's path holds the row's own response: its token ids, loss mask and log-probs, turn by turn
+        turns = rec_["nodes"][1:]
+        assert [t for n in turns for t in n["token_ids"]] == list(out.response_ids)
+        assert [m for n in turns for m in n["loss_mask"]] == list(out.response_mask)
+        assert [lp for n in turns for lp in n["logprobs"]] == [
+            lp for lp, m in zip(out.response_logprobs, out.response_mask) if m
+        ]
+        assert out.reward_score == _reward(out) and rec_["nodes"][0]["predicted"] == 0.5
+    assert any(n["origin"] == "branch" for r in records for n in r["nodes"])
     advs, trees = token_advantages(
         records, [o.reward_score for o, _ in rec.outputs], [len(o.response_ids) for o, _ in rec.outputs]
     )

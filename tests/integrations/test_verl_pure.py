@@ -1,5 +1,6 @@
 """The verl integration's pure parts (no verl import): budgets, leaf records, tree rebuilding, advantages."""
 
+import copy
 import json
 
 import numpy as np
@@ -110,36 +111,71 @@ def test_prompt_text_reads_the_last_user_message():
 
 
 def _records(trees):
-    """Leaf records as the worker writes them, round-tripped through JSON (they travel through Ray)."""
+    """Leaf records as the worker writes them (after V^), round-tripped through JSON (they travel through Ray)."""
     recs, rewards, lengths = [], [], []
     for tree in trees:
+        tree.compute_targets()
         for leaf in tree.leaves():
-            recs.append(json.loads(json.dumps(leaf_record(tree, leaf.node_id))))
+            recs.append(json.loads(json.dumps({**leaf_record(tree, leaf.node_id), "unspent": 0})))
             rewards.append(leaf.reward)
             lengths.append(sum(len(n.token_ids) for n in tree.path(leaf.node_id)[1:]))
     return recs, rewards, lengths
 
 
-def test_rebuilt_trees_have_the_shape_targets_and_text_of_the_originals(trees):
+def _by_id(tree: RolloutTree) -> str:
+    """The tree as JSON with its nodes in id order: rows that arrive in another order list them differently."""
+    data = tree.to_dict()
+    return json.dumps({**data, "nodes": sorted(data["nodes"], key=lambda n: n["node_id"])})
+
+
+def _without(tree: RolloutTree, leaf_id: str) -> RolloutTree:
+    """`tree` with one leaf cut off (and the turns that led to it alone), targets recomputed."""
+    out = copy.deepcopy(tree)
+    nid = leaf_id
+    while nid != out.root_id and not out[nid].children:
+        parent = out[nid].parent_id
+        del out.nodes[nid]
+        out[parent].children.remove(nid)
+        nid = parent
+    out.compute_targets()
+    return out
+
+
+def test_leaf_records_are_tree_paths_and_rebuild_the_trees_byte_for_byte(trees):
     recs, rewards, _ = _records(trees)
-    order = np.random.default_rng(1).permutation(len(recs))  # rows arrive in any order
-    rebuilt, where = rebuild_trees([recs[i] for i in order], [rewards[i] for i in order])
-    assert sorted(t.root_id for t in rebuilt) == sorted(t.root_id for t in trees)
-    by_id = {t.root_id: t for t in trees}
-    for tree in rebuilt:
-        orig = by_id[tree.root_id]
-        orig.compute_targets()
-        tree.compute_targets()
-        assert set(tree.nodes) == set(orig.nodes)
-        for nid, node in tree.nodes.items():
-            o = orig[nid]
-            assert node.children == o.children and node.origin == o.origin and node.leaves == o.leaves
-            assert node.target == pytest.approx(o.target) if o.target is not None else node.target is None
-            if node.origin != "root":  # the prompt's tokens are verl's `prompts`, not part of the record
-                assert len(node.token_ids) == len(o.token_ids) and node.action == o.action
-    assert [rebuilt[i].root_id + ":" + leaf for i, leaf in where] == [
-        recs[i]["tree"] + ":" + recs[i]["leaf"] for i in order
+    rec = recs[-1]
+    assert sorted(rec) == ["leaf", "nodes", "prompt", "root_id", "unspent"]
+    tree = {t.root_id: t for t in trees}[rec["root_id"]]
+    assert {k: rec[k] for k in ("root_id", "prompt", "nodes")} == tree.path_dict(rec["leaf"])
+    rebuilt, where = rebuild_trees(recs, rewards)
+    assert [json.dumps(t.to_dict()) for t in rebuilt] == [json.dumps(t.to_dict()) for t in trees]
+    assert where == [(i, leaf.node_id) for i, t in enumerate(trees) for leaf in t.leaves()]
+    # rows arrive in any order: the same trees, nodes listed in the order the rows brought them
+    order = np.random.default_rng(1).permutation(len(recs))
+    shuffled, where = rebuild_trees([recs[i] for i in order], [rewards[i] for i in order])
+    assert sorted(_by_id(t) for t in shuffled) == sorted(_by_id(t) for t in trees)
+    assert [shuffled[i].root_id + ":" + leaf for i, leaf in where] == [
+        recs[i]["root_id"] + ":" + recs[i]["leaf"] for i in order
     ]
+
+
+def test_a_missing_row_rebuilds_its_tree_without_that_leaf(trees):
+    recs, rewards, _ = _records(trees[:1])
+    tree = trees[0]
+    for drop in range(len(recs)):
+        keep = [i for i in range(len(recs)) if i != drop]
+        rebuilt, _ = rebuild_trees([recs[i] for i in keep], [rewards[i] for i in keep])
+        assert _by_id(rebuilt[0]) == _by_id(_without(tree, recs[drop]["leaf"]))  # a branch may now bring its anchor
+
+
+def test_rows_of_rebuilt_trees_are_the_rows_of_the_originals(trees):
+    """Token ids, loss masks (template tokens before the policy's) and log-probs come back as the worker had
+    them: the former records rebuilt placeholders, zeros with the policy tokens first."""
+    assert any(n.loss_mask[:1] == [0] and sum(n.loss_mask) for t in trees for n in t.turns())
+    recs, rewards, _ = _records(trees)
+    rebuilt, _ = rebuild_trees(recs, rewards)
+    for estimator in ("trace", "tree_grpo"):
+        assert batch_rows(rebuilt, estimator) == batch_rows(trees, estimator)
 
 
 @pytest.mark.parametrize("estimator", ["trace", "tree_grpo", "treepo"])
@@ -161,17 +197,36 @@ def test_token_advantages_truncate_and_pad_to_the_response_length(trees):
         assert np.array_equal(s, f[:-1]) and np.array_equal(l_[: len(f)], f) and not l_[len(f) :].any()
 
 
-def test_rebuild_rejects_inconsistent_rows(trees):
+def test_a_leaf_takes_its_rows_score_as_reward(trees):
     recs, rewards, _ = _records(trees[:1])
-    with pytest.raises(ValueError, match="two rows"):
-        rebuild_trees(recs + recs[:1], rewards + rewards[:1])
-    bad = json.loads(json.dumps(recs))
-    bad[1]["turns"][0]["tokens"] += 1
-    if bad[1]["turns"][0]["id"] == recs[0]["turns"][0]["id"]:
-        with pytest.raises(ValueError, match="disagree"):
-            rebuild_trees(bad, rewards)
-    with pytest.raises(ValueError, match="end at the leaf"):
-        rebuild_trees([{**recs[0], "leaf": "t0.9"}], rewards[:1])
+    flipped = [1.0 - r for r in rewards]
+    rebuilt, where = rebuild_trees(recs, flipped)
+    assert [rebuilt[i][leaf].reward for i, leaf in where] == flipped
+
+
+def test_rebuild_rejects_inconsistent_rows_in_one_line(trees):
+    recs, rewards, _ = _records(trees[:1])
+
+    def refused(records, match, scores=None):
+        with pytest.raises(ValueError, match=match) as err:
+            rebuild_trees(records, scores or rewards[: len(records)])
+        assert "\n" not in str(err.value)
+
+    refused(recs + recs[:1], "appears in two rows", rewards + rewards[:1])
+    every, _, _ = _records(trees)
+    first, other = next((a, b) for a in every for b in every if a is not b and a["nodes"][:2] == b["nodes"][:2])
+    other = copy.deepcopy(other)
+    other["nodes"][1]["token_ids"][0] += 1  # one token of a shared turn
+    refused([first, other], "disagree on node")
+    refused([{**recs[0], "leaf": "t0.9"}], "does not end at the leaf")
+    inner = copy.deepcopy(recs[0])
+    inner["nodes"] = inner["nodes"][:-1]
+    refused([{**inner, "leaf": inner["nodes"][-1]["node_id"]}], "a terminal node")
+    orphan = copy.deepcopy(recs[0])
+    del orphan["nodes"][1]  # the leaf's parent is missing from its path
+    refused([orphan], "is not a child of")
+    refused([{"tree": "t0", "leaf": "t0.0.0", "turns": []}], "not a leaf record")
+    refused(recs[:2], "2 records for 1 rewards", rewards[:1])
 
 
 def test_flat_trace_equals_core_trace_on_chains():

@@ -1,17 +1,28 @@
-"""Tree advantages for verl rows, without verl: rebuild each prompt's tree from its leaf rows' metadata, apply
-the core estimator, spread the node advantages over each row's response tokens.
+"""Tree advantages for verl rows, without verl: merge each prompt's tree from its leaf rows' paths, apply the
+core estimator, spread the node advantages over each row's response tokens.
 
 verl trains on one row per session (`{uid}_{session}_{index}`); the tree worker makes every leaf a session
-and writes `extra_fields["trace"]` (`leaf_record`): the tree id, the leaf id and, per turn along the path, the
-node id, its origin, its token count, V~ and its text. That is enough to rebuild the tree's shape, which is
-all the estimators read besides the leaf rewards (verl's `rm_scores`), so the advantage step needs no token
-ids and no second copy of the trees.
+and writes `extra_fields["trace"]` (`leaf_record`): the leaf's root-to-leaf path in the project's one tree
+format, `RolloutTree.path_dict` (`root_id`, `prompt`, `nodes` serialised exactly as `to_dict` serialises
+them: token ids, loss mask, log-probs, text, V~, origin), plus the row keys `leaf` and `unspent` (the
+worker's unspent prefix budget). `rebuild_trees` merges the paths back with `RolloutTree.from_paths` /
+`merge_path`, so the trees the trainer and the predictor update see are token-faithful: with every row
+present, a rebuilt tree's `to_dict` is the worker's tree's (node for node; nodes listed in order of first
+appearance across rows).
+
+Size: a row now carries its path's token ids, loss mask and log-probs, which it also holds as its own
+tensors, and the turns shared by k leaves travel k times. On a synthetic tree of 8 bare rollouts and 8
+continuations, 4 turns of 300 tokens (220 policy) each, a record is 19 KiB pickled or as msgpack (how Ray and
+TQ move it; 35 KiB as JSON) against 4.5 KiB for the former counts-only record, about as much as the row's own
+response ids, mask and log-probs (22 KiB as int64, int64, float32); without log-probs it would be 11 KiB. At
+256 rows a step that is 5 MB through TQ, small beside a step's generation and update, so the record keeps
+every field and has no option to drop any.
 
 Limits: a row that did not reach the trainer (a failed session, evicted by the replay buffer) is simply
-absent, so its tree is rebuilt without that leaf; the advantages then describe the leaves present. A response
-truncated by `rollout.response_length` keeps the advantages of its first tokens. `flat_trace_advantages` is
-the estimator for rows with no tree metadata (flat groups of a prompt), where `trace` reduces to
-(r - mean) / (population std + 1e-6) per prompt.
+absent, so its tree is rebuilt without that leaf (V^ and leaf counts recomputed); the advantages then
+describe the leaves present. A response truncated by `rollout.response_length` keeps the advantages of its
+first tokens. `flat_trace_advantages` is the estimator for rows with no tree metadata (flat groups of a
+prompt), where `trace` reduces to (r - mean) / (population std + 1e-6) per prompt.
 """
 
 from __future__ import annotations
@@ -21,98 +32,51 @@ from typing import Sequence
 import numpy as np
 
 from ...advantages import EPS
-from ...tree import ROOT, RolloutTree, TurnNode
+from ...tree import RolloutTree
 from ..rows import batch_rows
 
-TRACE_FIELD = "trace"  # key of the tree metadata inside a verl row's extra_fields
+TRACE_FIELD = "trace"  # key of the leaf record (a tree.py path) inside a verl row's extra_fields
 
 
 def leaf_record(tree: RolloutTree, leaf_id: str) -> dict:
-    """What a leaf's verl row carries about its tree (plain JSON types: it travels through Ray and TQ)."""
-    turns = []
-    for node in tree.path(leaf_id)[1:]:
-        turns.append(
-            {
-                "id": node.node_id,
-                "origin": node.origin,
-                "tokens": len(node.token_ids),
-                "policy": int(sum(node.loss_mask)),
-                "predicted": node.predicted,
-                "action": node.action,
-                "observation": node.observation,
-            }
-        )
-    return {
-        "tree": tree.root_id,
-        "leaf": leaf_id,
-        "prompt": tree.prompt,
-        "root_predicted": tree.root.predicted,
-        "turns": turns,
-    }
+    """What a leaf's verl row carries about its tree: the leaf's path as tree.py serialises it (`path_dict`:
+    `root_id`, `prompt`, `nodes`) and the row key `leaf`; plain JSON types, as it travels through Ray and TQ."""
+    return {**tree.path_dict(leaf_id), "leaf": leaf_id}
 
 
 def rebuild_trees(records: Sequence[dict], rewards: Sequence[float]) -> tuple[list[RolloutTree], list[tuple[int, str]]]:
-    """Trees (in order of first appearance) from leaf records; per record, (tree index, leaf id).
+    """Trees (in order of first appearance) merged from the rows' leaf paths; per record, (tree index, leaf id).
 
-    Token ids are placeholders of the right length (policy tokens first): the estimators read the shape and
-    the rewards, the predictor reads the text."""
+    A leaf's reward is its row's score (verl's `rm_scores`, which the worker set from the same reward); V^ and
+    leaf counts are recomputed, so a tree missing rows describes the leaves present. Nodes are listed in order
+    of first appearance across the rows."""
     if len(records) != len(rewards):
         raise ValueError(f"{len(records)} records for {len(rewards)} rewards")
     trees: dict[str, RolloutTree] = {}
     where: list[tuple[int, str]] = []
-    order: list[str] = []
     for rec, reward in zip(records, rewards):
-        root = str(rec["tree"])
-        if root not in trees:
-            trees[root] = RolloutTree(root, prompt=rec.get("prompt"), predicted=rec.get("root_predicted"))
-            order.append(root)
-        tree = trees[root]
-        leaf_id = str(rec["leaf"])
-        turns = rec["turns"]
-        if not turns or turns[-1]["id"] != leaf_id:
-            raise ValueError(f"record of leaf {leaf_id!r}: its turns do not end at the leaf")
-        for turn in turns:
-            nid = str(turn["id"])
-            node = tree.nodes.get(nid)
-            tokens, policy = int(turn["tokens"]), int(turn["policy"])
-            if node is None:
-                tree.nodes[nid] = TurnNode(
-                    nid,
-                    action=turn.get("action", ""),
-                    observation=turn.get("observation", ""),
-                    token_ids=[0] * tokens,
-                    loss_mask=[1] * policy + [0] * (tokens - policy),
-                    origin=turn["origin"],
-                    predicted=turn.get("predicted"),
-                )
-            elif len(node.token_ids) != tokens or node.origin != turn["origin"]:
-                raise ValueError(f"tree {root!r}: rows disagree on node {nid!r} (tokens or origin)")
-        leaf = tree.nodes[leaf_id]
-        if leaf.terminal:
+        try:
+            root, leaf_id, nodes = str(rec["root_id"]), str(rec["leaf"]), rec["nodes"]
+            last = nodes[-1]["node_id"] if nodes else None
+        except (KeyError, TypeError, IndexError):
+            raise ValueError(
+                f"extra_fields[{TRACE_FIELD!r}] is not a leaf record (root_id, prompt, nodes, leaf)"
+            ) from None
+        if last != leaf_id or not nodes[-1].get("terminal"):
+            raise ValueError(f"record of leaf {leaf_id!r}: its path does not end at the leaf, a terminal node")
+        tree = trees.get(root)
+        if tree is not None and leaf_id in tree.nodes and tree[leaf_id].terminal:
             raise ValueError(f"tree {root!r}: leaf {leaf_id!r} appears in two rows")
-        leaf.terminal, leaf.reward = True, float(reward)
-        where.append((order.index(root), leaf_id))
-    out = [trees[r] for r in order]
+        if tree is None:
+            tree = trees[root] = RolloutTree.from_paths([rec])
+        else:
+            tree.merge_path(rec)
+        tree[leaf_id].reward = float(reward)
+        where.append((list(trees).index(root), leaf_id))
+    out = list(trees.values())
     for tree in out:
-        _link(tree)
+        tree.compute_targets()
     return out, where
-
-
-def _link(tree: RolloutTree) -> None:
-    """Children lists from the ids, in index order (the order the worker added them)."""
-    for node in tree.nodes.values():
-        node.children = []
-    for nid in sorted(tree.nodes, key=lambda s: [int(p) for p in s.split(".")[1:]]):
-        parent = tree.nodes[nid].parent_id
-        if parent is None:
-            continue
-        if parent not in tree.nodes:
-            raise ValueError(f"tree {tree.root_id!r}: node {nid!r} has no parent {parent!r}")
-        if tree.nodes[parent].terminal:
-            raise ValueError(f"tree {tree.root_id!r}: leaf {parent!r} has a child {nid!r}")
-        tree.nodes[parent].children.append(nid)
-    if tree.root.origin != ROOT:
-        raise ValueError(f"tree {tree.root_id!r}: its root is not a root node")
 
 
 def token_advantages(

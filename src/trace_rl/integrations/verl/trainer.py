@@ -101,7 +101,7 @@ def tree_metrics(trees: list, extra: list, padding: list) -> dict[str, float]:
     unspent = {}
     for ef, pad in zip(extra, padding):
         if not pad and isinstance(ef, dict) and "trace" in ef:
-            unspent[ef["trace"]["tree"]] = float(ef["trace"].get("unspent", 0))
+            unspent[ef["trace"]["root_id"]] = float(ef["trace"].get("unspent", 0))
     return {
         "trace/trees": float(len(trees)),
         "trace/leaves_per_tree": float(np.mean(leaves)),

@@ -5,7 +5,8 @@ replaces `_run_prompt`, the per-prompt method that starts `__rollout_n__` indepe
 count is the tree's number of bare rollouts; stage 2 (V~ of each prefix from the manager's predictor, the
 exact prefix allocation, the continuations) runs in `tree_actor.grow_prompt_tree`, i.e. in the core engine.
 Every leaf then goes into TransferQueue as its own session `{uid}_{leaf index}_0` (integers, as verl
-expects), with the tree record (`advantage.leaf_record`) in `extra_fields["trace"]`.
+expects), with its leaf record in `extra_fields["trace"]`: the leaf's path in tree.py's own format
+(`advantage.leaf_record`, `RolloutTree.path_dict`) plus the tree's unspent prefix budget.
 
 The prompt group's status protocol is verl's: `running` when the prompt starts, then `finished`, or
 `failure` if anything raised (no leaf of a failed tree is written, so the trainer never sees half a tree).
