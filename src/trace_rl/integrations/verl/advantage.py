@@ -10,13 +10,13 @@ worker's unspent prefix budget). `rebuild_trees` merges the paths back with `Rol
 present, a rebuilt tree's `to_dict` is the worker's tree's (node for node; nodes listed in order of first
 appearance across rows).
 
-Size: a row now carries its path's token ids, loss mask and log-probs, which it also holds as its own
-tensors, and the turns shared by k leaves travel k times. On a synthetic tree of 8 bare rollouts and 8
-continuations, 4 turns of 300 tokens (220 policy) each, a record is 19 KiB pickled or as msgpack (how Ray and
-TQ move it; 35 KiB as JSON) against 4.5 KiB for the former counts-only record, about as much as the row's own
-response ids, mask and log-probs (22 KiB as int64, int64, float32); without log-probs it would be 11 KiB. At
-256 rows a step that is 5 MB through TQ, small beside a step's generation and update, so the record keeps
-every field and has no option to drop any.
+Size: a row now carries its path's token ids, loss mask and log-probs, which it also holds as its own tensors,
+and the turns shared by k leaves travel k times. On a synthetic tree (`bench/bench_verl_record.py`) of 8 bare
+rollouts and 8 continuations, 4 turns of 300 tokens (220 policy) each, a record is 19 KiB pickled or as
+msgpack (how Ray and TQ move it; 35 KiB as JSON) against 4.5 KiB for the former counts-only record, about as
+much as the row's own response ids, mask and log-probs (22 KiB as int64, int64, float32); without log-probs it
+would be 11 KiB. At 256 rows a step that is 5 MB through TQ, small beside a step's generation and update, so
+the record keeps every field and has no option to drop any.
 
 Limits: a row that did not reach the trainer (a failed session, evicted by the replay buffer) is simply
 absent, so its tree is rebuilt without that leaf (V^ and leaf counts recomputed); the advantages then
