@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..trace_config import check_advantage, check_methods
+from ..errors import ConfigError
 from ..train import compare as train_study
 from ..train.compare import DEFAULT_METHODS, pair_name, parse_method, parse_pair, run_dir_name
 from ..train.trainer import TrainConfig
@@ -178,7 +179,7 @@ def _rollout_finished(run: Path, cfg: RolloutConfig) -> bool:
         return False
     diff = setting_differences(upgrade_run_settings(json.loads(path.read_text())), _rollout_settings(cfg))
     if diff:
-        raise ValueError(
+        raise ConfigError(
             f"out: {run} holds a run with other settings (differs in {', '.join(diff)}); "
             "use another out, or the settings it was run with"
         )
