@@ -193,7 +193,9 @@ def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_pat
     # a study grown later: more seeds of grpo, and the table covers every finished run of the listed methods
     more = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[1], train=TrainConfig(steps=4))
     compare_command.run(more)
-    rows = compare_command.run(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4)))
+    rows = compare_command.run(
+        CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4))
+    )
     assert rows[0]["seeds"] == [0, 1] and len(calls) == 3
     changed = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4, eval_tasks=9))
     with pytest.raises(ValueError, match="other settings.*eval_tasks"):
