@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from ..trace_config import check_advantage, check_methods
 from ..errors import ConfigError
+from ..trace_config import check_advantage, check_methods
 from ..train import compare as train_study
 from ..train.compare import DEFAULT_METHODS, pair_name, parse_method, parse_pair, run_dir_name
 from ..train.trainer import TrainConfig
@@ -75,10 +75,10 @@ class CompareSettings:
     @property
     def shared(self):
         """The chosen command's settings, which every run shares (`train` or `rollout`)."""
-        return getattr(self, self.COMMAND)
+        return getattr(self, self.command)
 
     def __post_init__(self):
-        if getattr(self, "command", self.COMMAND) != self.COMMAND:  # only a hand-built config can get here
+        if self.command != self.COMMAND:  # only a hand-built config can get here: the loader picks the class by it
             raise ValueError(f"command: {type(self).__name__} runs {self.COMMAND}, got {self.command!r}")
         # each entry is a method and, after ':', an advantage: TRACE's one check of each (trace_config)
         check_methods(list(dict.fromkeys(parse_method(m)[0] for m in self.methods)), oracle=False)
@@ -249,7 +249,7 @@ def rollout_report(cfg: RolloutCompareConfig) -> list[dict]:
 # -- the jobs ------------------------------------------------------------------------------------------------
 def run_one(cfg: CompareSettings, spec: str, seed: int, warm: int = 0) -> Path:
     """One method's run on one pair, through its command's runner (or read when finished); its directory."""
-    if cfg.COMMAND == "train":
+    if cfg.command == "train":
         return train_study.run_one(cfg, spec, seed, warm, train_command.run)
     return _run_rollout(cfg, spec, seed, warm)
 
@@ -297,4 +297,4 @@ def run(cfg: CompareSettings, yaml_text: str = "") -> list[dict]:
     if yaml_text:
         (out / "config.yaml").write_text(yaml_text)
     run_all(cfg)
-    return train_study.report(cfg) if cfg.COMMAND == "train" else rollout_report(cfg)
+    return train_study.report(cfg) if cfg.command == "train" else rollout_report(cfg)
