@@ -3,7 +3,6 @@ command it does not run, and `command=rollout` on a tiny random model: every run
 run, and the paired summary's numbers are those runs' records."""
 
 import json
-import sys
 
 import pytest
 
@@ -13,10 +12,8 @@ pytest.importorskip("transformers")
 from trace_rl.cli import COMMANDS, main  # noqa: E402
 from trace_rl.commands import compare  # noqa: E402
 from trace_rl.config import load_config  # noqa: E402
-from trace_rl.envs import registry  # noqa: E402
 from trace_rl.rollout.records import read_metrics  # noqa: E402
 from trace_rl.rollout.report import OVER_SEEDS, summarize  # noqa: E402
-from trace_rl.stack import env_config  # noqa: E402
 
 # An env whose reward is a coin the sampled tokens toss, so that a random model's trees are mixed: two turns, and
 # the episode succeeds when the last turn's text has an even length.
@@ -57,13 +54,8 @@ SMALL = [
 
 
 @pytest.fixture
-def coin_env(tmp_path, monkeypatch):
-    (tmp_path / "coin_env.py").write_text(COIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_RESOLVED", {})
-    monkeypatch.setattr(env_config, "_CLASSES", {})
-    yield "coin_env:coin"
-    sys.modules.pop("coin_env", None)
+def coin_env(env_module):
+    return env_module("coin_env", COIN) + ":coin"
 
 
 def test_help_lists_the_chosen_commands_group_and_not_what_compare_sets_per_run(capsys):

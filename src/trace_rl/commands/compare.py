@@ -30,7 +30,6 @@ import copy
 import dataclasses
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -38,7 +37,7 @@ from typing import ClassVar
 from ..errors import ConfigError
 from ..trace_config import check_advantage, check_methods
 from ..train import compare as train_study
-from ..train.compare import DEFAULT_METHODS, pair_name, parse_method, parse_pair, run_dir_name
+from ..train.compare import DEFAULT_METHODS, open_run, pair_name, parse_method, parse_pair, run_dir_name
 from ..train.trainer import TrainConfig
 from . import rollout as rollout_command
 from . import train as train_command
@@ -107,6 +106,17 @@ class CompareSettings:
             )
 
 
+def _per_run(group: str, methods: str, **more: str) -> dict[str, str]:
+    """The keys of `group` that compare sets for each run itself (`SET_PER_RUN`: refused, and left out of --help,
+    not ignored): where it writes, its seed, its method (the key `methods`), and `more` (key -> why)."""
+    return {
+        f"{group}.out": "each run writes to out/<method>/seed<k>; set out",
+        f"{group}.seed": "each run takes one of seeds; set seeds",
+        f"{group}.{methods}": "each run takes one of methods; set methods",
+        **{f"{group}.{key}": why for key, why in more.items()},
+    }
+
+
 # A command's group comes in its own base class, listed first, so that the group follows the common settings:
 # `config._fields` lists a class's own settings before inherited ones, and these classes declare none.
 @dataclass
@@ -114,13 +124,9 @@ class _TrainGroup:
     command: str = "train"  # what each run is: train or rollout (its settings are the group of that name)
     train: TrainConfig = field(default_factory=TrainConfig)  # the settings every run shares (see SET_PER_RUN)
 
-    # what compare sets for each run itself (`_run_config`): refused, and left out of --help, not ignored
-    SET_PER_RUN: ClassVar[dict[str, str]] = {
-        "train.out": "each run writes to out/<method>/seed<k>; set out",
-        "train.seed": "each run takes one of seeds; set seeds",
-        "train.method": "each run takes one of methods; set methods",
-        "train.resume": "compare always resumes unfinished runs and reads finished ones",
-    }
+    SET_PER_RUN: ClassVar[dict[str, str]] = _per_run(
+        "train", "method", resume="compare always resumes unfinished runs and reads finished ones"
+    )
 
 
 @dataclass
@@ -128,11 +134,7 @@ class _RolloutGroup:
     command: str = "rollout"  # what each run is: train or rollout (its settings are the group of that name)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # the settings every run shares (see SET_PER_RUN)
 
-    SET_PER_RUN: ClassVar[dict[str, str]] = {
-        "rollout.out": "each run writes to out/<method>/seed<k>; set out",
-        "rollout.seed": "each run takes one of seeds; set seeds",
-        "rollout.methods": "each run takes one of methods; set methods",
-    }
+    SET_PER_RUN: ClassVar[dict[str, str]] = _per_run("rollout", "methods")
 
 
 @dataclass
@@ -190,17 +192,10 @@ def _run_rollout(cfg: RolloutCompareConfig, spec: str, seed: int, warm: int) -> 
     """One method's rollout run on one pair through `rollout`'s runner, or the finished one read."""
     from omegaconf import OmegaConf
 
-    from ..train.run_settings import RUN_SETTINGS
-
     run_cfg = _rollout_config(cfg, spec, seed, warm)
     run = Path(run_cfg.out)
-    label = f"{spec}, {'warm start ' + str(warm) + ', ' if warm else ''}seed {seed}"
-    if _rollout_finished(run, run_cfg):
-        print(f"== {label}: finished, read from {run}", file=sys.stderr)
+    if not open_run(run, spec, seed, warm, _rollout_finished(run, run_cfg), _rollout_settings(run_cfg)):
         return run
-    run.mkdir(parents=True, exist_ok=True)
-    (run / RUN_SETTINGS).write_text(json.dumps(_rollout_settings(run_cfg), indent=2))
-    print(f"== {label}", file=sys.stderr)
     rollout_command.run(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)))
     return run
 
@@ -230,15 +225,12 @@ def rollout_report(cfg: RolloutCompareConfig) -> list[dict]:
     """The rollout study's table over every finished run under cfg.out, printed and written as
     compare_summary.json / .txt, with the effective-ratio plot (seed bands); returns the rows."""
     from ..plots import plot_metric
-    from ..rollout.report import format_over_seeds, summarize_over_seeds
+    from ..rollout.report import format_over_seeds, summarize_over_seeds, write_summary
 
     out = Path(cfg.out)
     runs = load_rollout_runs(cfg)
     rows = summarize_over_seeds(runs)
-    table = format_over_seeds(rows)
-    print(table)
-    (out / "compare_summary.json").write_text(json.dumps(rows, indent=2))
-    (out / "compare_summary.txt").write_text(table + "\n")
+    write_summary(out / "compare_summary", rows, format_over_seeds(rows))
     per_seed = {m: [s["records"] for s in seeds] for m, seeds in runs.items()}
     title = "Effective ratio per step (mean and seed band)"
     plot_metric(per_seed, "rollout/effective_ratio", out / "effective_ratio.png", title, smooth=3)

@@ -10,7 +10,6 @@ table (`rollout.report.summarize`) and the effective-ratio plot.
 from __future__ import annotations
 
 import gc
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,16 +104,13 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
 def run(cfg: RolloutConfig, yaml_text: str) -> list[dict]:
     """Grow every method's trees, print and write rollout_summary.json / .txt and the plot; returns the rows."""
     from ..plots import plot_metric
-    from ..rollout.report import format_table, summarize
+    from ..rollout.report import format_table, summarize, write_summary
 
     out = Path(cfg.out)
     write_config(yaml_text, out)
     results = run_rollout(cfg)
     rows = summarize(results)
-    table = format_table(rows)
-    print(table)
-    (out / "rollout_summary.json").write_text(json.dumps(rows, indent=2))
-    (out / "rollout_summary.txt").write_text(table + "\n")
+    write_summary(out / "rollout_summary", rows, format_table(rows))
     plot_metric(
         results, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)"
     )

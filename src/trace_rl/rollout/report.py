@@ -10,7 +10,8 @@
   (`at_equal_cost`), so a method that spent less is read at its end and the other where it had spent as much;
   paired over seeds with a bootstrap interval (`paired_at_equal_cost`).
 - Intervals as dicts {mean, lo, hi} (t interval over seeds, paired bootstrap, cost to a target with the count
-  of seeds that reached it) and their one text form (`format_interval`); one plain-text table (`format_table`).
+  of seeds that reached it) and their one text form (`format_interval`); one plain-text table (`format_table`),
+  printed and written beside its rows (`write_summary`).
 
 Limits: the statistics and their caveats are `stats`' (t intervals assume roughly normal per-seed values; the
 bootstrap is coarse with few seeds; costs to a target average only the seeds that reached it). Reading between
@@ -19,7 +20,9 @@ evaluations is linear interpolation, an estimate between the points actually mea
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -258,3 +261,10 @@ def format_table(rows: list[dict], right_align: bool = True, rule: bool = True) 
         )
 
     return "\n".join([line(cols)] + ([line(["-" * w for w in widths])] if rule else []) + [line(r) for r in cells])
+
+
+def write_summary(stem: Path, rows: list[dict], table: str) -> None:
+    """A command's summary: the table printed, and written as <stem>.txt beside its rows as <stem>.json."""
+    print(table)
+    stem.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+    stem.with_suffix(".txt").write_text(table + "\n")

@@ -59,6 +59,7 @@ from ..rollout.report import (
     interval,
     paired_interval,
     run_means,
+    write_summary,
 )
 from ..stack.env_config import upgrade_run_settings
 from .checkpoint import checkpoints
@@ -120,6 +121,19 @@ def _run_config(cfg: Study, spec: str, seed: int, warm: int = 0) -> TrainConfig:
     return run_cfg
 
 
+def open_run(run: Path, spec: str, seed: int, warm: int, done: bool, settings: dict) -> bool:
+    """Whether a study's run is to be run: a finished one (`done`) is said to be read and is not; else its
+    settings are written beside it (run_settings.json) and its start is said."""
+    label = f"{spec}, {'warm start ' + str(warm) + ', ' if warm else ''}seed {seed}"
+    if done:
+        print(f"== {label}: finished, read from {run}", file=sys.stderr)
+        return False
+    run.mkdir(parents=True, exist_ok=True)
+    (run / RUN_SETTINGS).write_text(json.dumps(settings, indent=2))
+    print(f"== {label}", file=sys.stderr)
+    return True
+
+
 def run_one(cfg: Study, spec: str, seed: int, warm: int, runner: Callable[..., dict]) -> Path:
     """Train (or resume, or just find) one method's run on one pair with `runner` (`train`'s, which takes the
     trainer's `before` and `on_before`); returns its directory. The evaluation before training is computed once
@@ -127,13 +141,8 @@ def run_one(cfg: Study, spec: str, seed: int, warm: int, runner: Callable[..., d
     them (`before_{pair}.json`)."""
     run_cfg = _run_config(cfg, spec, seed, warm)
     run = Path(run_cfg.out)
-    label = f"{spec}, {'warm start ' + str(warm) + ', ' if warm else ''}seed {seed}"
-    if finished(run, run_cfg):
-        print(f"== {label}: finished, read from {run}", file=sys.stderr)
+    if not open_run(run, spec, seed, warm, finished(run, run_cfg), run_settings(run_cfg)):
         return run
-    run.mkdir(parents=True, exist_ok=True)
-    (run / RUN_SETTINGS).write_text(json.dumps(run_settings(run_cfg), indent=2))
-    print(f"== {label}", file=sys.stderr)
     from omegaconf import OmegaConf
 
     from ..lm.warm_start import file_lock
@@ -188,10 +197,7 @@ def report(cfg: Study) -> list[dict]:
     for problem in check_pairing(runs):
         print(f"warning: {problem}", file=sys.stderr)
     rows = summarize_compare(runs)
-    table = format_compare(rows)
-    print(table)
-    (out / "compare_summary.json").write_text(json.dumps(rows, indent=2))
-    (out / "compare_summary.txt").write_text(table + "\n")
+    write_summary(out / "compare_summary", rows, format_compare(rows))
     plot_compare(runs, out)
     print(f"\nwrote {out}/compare_summary.json, accuracy_vs_rollouts.png, accuracy_vs_tokens.png, chain.png")
     return rows
