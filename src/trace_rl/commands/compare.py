@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import ConfigError
+from ..stack.config import check_seed
 from ..trace_config import check_advantage, check_methods
 from ..train import compare as train_study
 from ..train.compare import DEFAULT_METHODS, open_run, pair_name, parse_method, parse_pair, run_dir_name
@@ -72,7 +73,7 @@ class CompareSettings:
         return classes[value]
 
     @property
-    def shared(self):
+    def shared(self) -> TrainConfig | RolloutConfig:
         """The chosen command's settings, which every run shares (`train` or `rollout`)."""
         return getattr(self, self.command)
 
@@ -90,6 +91,8 @@ class CompareSettings:
             raise ValueError(f"methods: {self.methods} lists a method twice")
         if not self.seeds:
             raise ValueError("seeds: give at least one seed")
+        for seed in self.seeds:
+            check_seed(seed, "seeds")
         if len(set(self.seeds)) < len(self.seeds):
             raise ValueError(f"seeds: each seed once, got {self.seeds}")
         if not self.out:
@@ -98,6 +101,8 @@ class CompareSettings:
             raise ValueError(f"workers must be >= 1 (runs at once), got {self.workers}")
         if not self.warm_starts or len(set(self.warm_starts)) < len(self.warm_starts):
             raise ValueError(f"warm_starts: each warm start once, at least one, got {self.warm_starts}")
+        for w in self.warm_starts:
+            check_seed(w, "warm_starts")
         model = self.shared.policy.model
         if self.warm_starts != [0] and model not in ("tiny", "tiny@0"):
             raise ValueError(
