@@ -19,6 +19,30 @@ def _own_model_cache(tmp_path_factory):
 
 
 @pytest.fixture
+def env_module(tmp_path, monkeypatch):
+    """Writes an environment plug-in module of one's own (`env_module(name, source)`) where `env.name=name:attr`
+    finds it, with the registry's caches emptied; the module is forgotten after the test."""
+    import sys
+
+    from trace_rl.envs import registry
+    from trace_rl.stack import env_config
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_RESOLVED", {})
+    monkeypatch.setattr(env_config, "_CLASSES", {})
+    written = []
+
+    def write(name: str, source: str) -> str:
+        (tmp_path / f"{name}.py").write_text(source)
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
 def small_tree() -> RolloutTree:
     """Two bare rollouts (success, failure) and one branch from the failure's first turn that succeeds.
 

@@ -79,14 +79,15 @@ HOLDS = {
     "testbed": "synthetic env with exact V, tabular policy with its Actor and its learner, oracle, `simulate`, "
     "propositions",
     "train": "the policy update (losses, tree packing, the learning-rate schedule) and the LM learner, the trainer, "
-    "checkpoints, loggers, `sft`, `compare`",
+    "checkpoints, loggers, `sft`, `compare`'s training runs (the shared start evaluation, run settings, the table)",
     "integrations": "rows for verl and TRL; the verl plugin, the TRL rollout_func",
     "viewer": "HTML tree view",
-    "config": "typed configs from YAML and key=value overrides; choice groups (env) typed by the choice made",
+    "config": "typed configs from YAML and key=value overrides; choice groups (env) typed by the choice made, and "
+    "a command's class by a choice at its top (compare's `command`)",
     "diagnose": "`diagnose`: the predictor's calibration from a run",
     "commands": "one module per command: its config (or the one its layer builds) and `run(cfg, yaml_text) -> "
     "summary`; `rollout` (the LM stack without the update), `eval`, `train`'s report and plots, `simulate`'s "
-    "summary over seeds",
+    "summary over seeds, `compare` (seeds x methods over `train` or `rollout`, each run through its runner)",
     "cli": "the `trace-rl` command: the public command table (config and runner of each, imported on use) and "
     "the dispatcher",
 }

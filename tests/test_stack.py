@@ -203,7 +203,8 @@ def test_sync_weights_moves_weights_only_to_a_backend_that_does_not_share_the_mo
 
 def test_each_compare_run_gets_its_own_resolved_config(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    from trace_rl.train import compare
+    from trace_rl.commands import compare
+    from trace_rl.commands import train as train_command
 
     seen = {}
 
@@ -213,10 +214,10 @@ def test_each_compare_run_gets_its_own_resolved_config(tmp_path, monkeypatch):
 
     import trace_rl.train.trainer as trainer
 
-    monkeypatch.setattr(compare, "train", fake_train)
+    monkeypatch.setattr(train_command, "run", fake_train)
     monkeypatch.setattr(trainer, "ensure_policy", lambda cfg: {})  # the warm start is not what this checks
     with pytest.raises(SystemExit):
-        compare.run_compare(compare.CompareConfig(out=str(tmp_path), methods=["trace"], seeds=[3]))
+        compare.run(compare.CompareConfig(out=str(tmp_path), methods=["trace"], seeds=[3]))
     assert "method: trace" in seen[("trace", 3)] and "seed: 3" in seen[("trace", 3)]
 
 

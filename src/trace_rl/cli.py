@@ -2,11 +2,12 @@
 
 `COMMANDS` is the public command table: per command, its config class and its runner, `run(cfg, yaml_text) ->
 summary`, both named as 'module:attr' and imported only when the command runs (so `--help` of one command never
-loads another's layers). The runners live in `commands/` (one module per command), except `compare` and `sft`,
-whose layer's own runner already has that signature. This module is the dispatcher only: parse the keys into the
-typed config (`config.py`), check that `out` can be created, run the probes once, call the runner. Every user
-error (`errors.UserError`) is one line naming the setting, exit code 2, before any work starts where it can be
-known then; any other exception is a bug and keeps its traceback (exit code 1)."""
+loads another's layers). The runners live in `commands/` (one module per command), except `sft`, whose layer's
+own runner already has that signature; `compare` runs its runs through `train`'s or `rollout`'s runner. This
+module is the dispatcher only: parse the keys into the typed config (`config.py`), check that `out` can be
+created, run the probes once, call the runner. Every user error (`errors.UserError`) is one line naming the
+setting, exit code 2, before any work starts where it can be known then; any other exception is a bug and keeps
+its traceback (exit code 1)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ COMMANDS: dict[str, Command] = {
         "train an LM agent with TRACE (the main job; tiny CPU policy by default)",
     ),
     "compare": Command(
-        "trace_rl.train.compare:CompareConfig",
-        "trace_rl.train.compare:run_compare",
-        "train with several methods and seeds at equal budget; table and plots",
+        "trace_rl.commands.compare:CompareConfig",
+        "trace_rl.commands.compare:run",
+        "seeds x methods over train (default) or rollout at equal budget, paired by seed; table and plots",
     ),
     "simulate": Command(
         "trace_rl.testbed.simulate:SimulateConfig",
@@ -124,7 +125,7 @@ def _probe(cfg) -> None:
     command's own probe (serve-retriever's dense encoder) runs first thing in its runner."""
     policy = getattr(cfg, "policy", None)
     if policy is None:  # compare: the policy every run shares
-        policy = getattr(getattr(cfg, "train", None), "policy", None)
+        policy = getattr(getattr(cfg, "shared", None), "policy", None)
     if isinstance(policy, LMPolicyConfig):
         from .stack.build import probe_policy
 

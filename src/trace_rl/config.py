@@ -15,6 +15,11 @@ plug-in whose own settings are the group `env.<name>.*` (`stack/env_config.py`).
 the key check, error messages and config.yaml show the chosen environment's keys and no other's. The cost is a
 second read of the --config file.
 
+A command may choose its whole class the same way, by a key at its top (`ROOT_CHOICE` on the config class, and
+`choose_class(value)`: compare's `command`, whose chosen command's settings are the group `train.*` or
+`rollout.*`): the loader reads that value first (command line, then --config file) and from there on works on
+the chosen class, so --help and config.yaml show the chosen command's group and no other.
+
 Some checks are the loader's, for every command at once: each setting named `seed` or `seeds` is a seed
 (`seeding.check_seed`) before any config is built; an argument that is not valid UTF-8 is refused naming its
 key; a key a command sets itself for each of its runs (`SET_PER_RUN` on the config class, e.g. compare's
@@ -164,6 +169,34 @@ def _chosen(cls, choices: dict[str, str]) -> None:
             raise ConfigError(f"{path}.{groups[path].CHOICE}: {err}") from None
 
 
+def _root_class(cls, argv: list[str]) -> type:
+    """The class of a command whose settings depend on a key at its top (`ROOT_CHOICE`; compare's `command`): the
+    value on the command line (`command=rollout`, `--command rollout`) or, failing that, in its --config file, through
+    `cls.choose_class` (None: the default; a ValueError line for a value it does not know). Other commands: `cls`."""
+    key = getattr(cls, "ROOT_CHOICE", None)
+    if key is None:
+        return cls
+    given = config_file = None
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            config_file = argv[i + 1]
+            continue
+        name, eq, value = arg.removeprefix("--").partition("=")
+        if name == key and eq:
+            given = value
+        elif arg == f"--{key}" and i + 1 < len(argv):
+            given = argv[i + 1]
+    if given is None and config_file is not None:
+        from omegaconf import OmegaConf
+
+        chosen = OmegaConf.select(_read_yaml(config_file), key, default=None)
+        given = None if chosen is None else str(chosen)
+    try:
+        return cls.choose_class(given)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def _docs(cls) -> dict[str, str]:
     """Field name -> the comment beside it in the body of the class that declares it (`cls` or a base)."""
     docs: dict[str, str] = {}
@@ -181,6 +214,7 @@ def _docs(cls) -> dict[str, str]:
 def help_text(cls, command: str, argv: list[str] | None = None) -> str:
     """Every key with its default and doc, grouped as in the dataclass; a choice group (env) shows the keys of the
     choice `argv` makes (`trace-rl train env=math --help`), else of the command's default."""
+    cls = _root_class(cls, list(argv or []))
     lines = [f"usage: trace-rl {command} [--config FILE.yaml] [key=value ...]", "", (cls.__doc__ or "").strip(), ""]
 
     hidden = _set_per_run(cls)
@@ -372,6 +406,8 @@ def load_config(cls, argv: list[str]):
     """(the config object, its resolved YAML) from defaults, an optional file and overrides."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+
+    cls = _root_class(cls, argv)
 
     choices = _choices(cls, argv)
     _chosen(cls, choices)

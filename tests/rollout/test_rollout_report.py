@@ -13,11 +13,13 @@ from trace_rl.rollout.report import (
     cost_points,
     cost_to_target,
     format_interval,
+    format_over_seeds,
     format_table,
     interval,
     paired_at_equal_cost,
     paired_interval,
     run_means,
+    summarize_over_seeds,
 )
 
 
@@ -98,3 +100,35 @@ def test_cost_points_place_every_seed_at_the_mean_cost_of_its_evaluation():
     pts = cost_points([(np.array([0.0, 100.0]), np.array([0.4, 0.6])), (np.array([0.0, 120.0]), np.array([0.5, 0.7]))])
     assert [[p["step"] for p in seed] for seed in pts] == [[-1, 109], [-1, 109]]
     assert [p["eval/accuracy"] for p in pts[1]] == [0.5, 0.7]
+
+
+def test_rollout_figures_over_seeds_by_hand():
+    def rec(er, continuations=0, flips=0):
+        return {
+            "rollout/effective_ratio": er,
+            "rollout/contrast_groups": 1,
+            "rollout/rollouts": 10,
+            "rollout/continuations": continuations,
+            "rollout/flips": flips,
+            "rollout/generated_tokens": 100,
+        }
+
+    def seed(s, *records):
+        return {"seed": s, "pair": f"seed{s}", "records": list(records)}
+
+    runs = {
+        "grpo": [seed(0, rec(0.2), rec(0.4)), seed(1, rec(0.4), rec(0.4))],
+        "trace": [seed(0, rec(0.6, 4, 1), rec(0.8, 4, 3)), seed(1, rec(0.6, 4, 2), rec(0.6, 4, 0))],
+    }
+    rows = {r["method"]: r for r in summarize_over_seeds(runs)}
+    t = rows["trace"]
+    assert t["baseline"] == "grpo" and t["effective_ratio"]["per_seed"] == pytest.approx([0.7, 0.6])
+    # t interval over two seeds: 0.65 +- t(0.975, 1) * std(0.7, 0.6) / sqrt(2) = 0.65 +- 12.706 * 0.05
+    assert t["effective_ratio"]["hi"] - 0.65 == pytest.approx(12.7062 * 0.05, rel=1e-4)
+    # paired with GRPO's 0.3 and 0.4 on the same seeds: differences 0.4 and 0.2
+    assert t["effective_ratio_diff"]["mean"] == pytest.approx(0.3) and t["effective_ratio_diff"]["seeds"] == 2
+    assert t["er_ratio"] == pytest.approx(0.65 / 0.35)
+    assert t["flip_rate"]["per_seed"] == pytest.approx([0.5, 0.25]) and math.isnan(rows["grpo"]["flip_rate"]["mean"])
+    assert t["groups_per_1k"]["mean"] == pytest.approx(100.0) and t["tokens"] == pytest.approx(200.0)
+    table = format_over_seeds(list(rows.values()))
+    assert "er_diff_vs_grpo" in table and "+0.300 [" in table and "1.86" in table

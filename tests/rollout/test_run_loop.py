@@ -1,5 +1,6 @@
 """The one run loop on the testbed (its tabular learner, exact evaluation): a run split at a step gives the records
-of one run, the files hold what the loop returns, hooks run in order, and without a learner nothing is trained."""
+of one run, the files hold what the loop returns, hooks run in order, without a learner nothing is trained, and
+the progress line every command shares."""
 
 import json
 from dataclasses import replace
@@ -83,3 +84,12 @@ def test_without_a_learner_the_policy_stays_as_it_was_and_nothing_is_trained():
     assert not any(k.startswith("train/") or k == "timing_s/update" for r in records for k in r)
     trained, _ = loop_of("grpo")
     assert trained.run(1)[0]["rollout/success_rate"] == records[0]["rollout/success_rate"]  # the same first step
+
+
+def test_the_progress_line_rewrites_one_line_with_the_running_mean_and_the_commands_tail(capsys):
+    from trace_rl.rollout.run_loop import progress_line
+
+    show = progress_line("[1/2] trace", 10, lambda recs: f"tokens {len(recs) * 1000:,}", width=3)
+    show([{"rollout/effective_ratio": 0.5}, {"rollout/effective_ratio": 0.25}])
+    err = capsys.readouterr().err
+    assert err == "\r[1/2] trace step   2/10  effective ratio (running mean) 0.375  tokens 2,000"

@@ -1,5 +1,6 @@
-"""`trace-rl compare` machinery on hand-computed cases: curves from the start, paired differences, costs to
-GRPO's final accuracy, pairing checks, and resuming (finished runs are read, other settings refused)."""
+"""`trace-rl compare` over train on hand-computed cases: curves from the start, paired differences, costs to
+GRPO's final accuracy, pairing checks, and resuming (finished runs are read, other settings refused); the runs
+are a stand-in for train's runner that writes a finished run's files."""
 
 import json
 import math
@@ -9,11 +10,13 @@ import pytest
 
 pytest.importorskip("torch")
 
+from trace_rl.commands import compare as compare_command  # noqa: E402
+from trace_rl.commands import train as train_command  # noqa: E402
+from trace_rl.commands.compare import CompareConfig  # noqa: E402
 from trace_rl.methods import BudgetPlan  # noqa: E402
 from trace_rl.rollout.report import at_equal_cost  # noqa: E402
 from trace_rl.train import compare as cmp  # noqa: E402
 from trace_rl.train.compare import (  # noqa: E402
-    CompareConfig,
     check_pairing,
     curves,
     format_compare,
@@ -159,37 +162,56 @@ def built_warm_starts(monkeypatch):
     return built
 
 
-def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_path, monkeypatch, built_warm_starts):
+@pytest.fixture
+def train_calls(monkeypatch, built_warm_starts):
+    """compare with `_fake_train` as train's runner and no plots; the runner's calls."""
     calls = []
-    monkeypatch.setattr(cmp, "train", _fake_train(calls))
+    monkeypatch.setattr(train_command, "run", _fake_train(calls))
     monkeypatch.setattr(cmp, "plot_compare", lambda runs, out: None)
+    return calls
+
+
+@pytest.fixture
+def grpo_run(tmp_path, train_calls):
+    """A finished GRPO run of 4 steps on seed 0 under tmp_path: its compare config, the path of its
+    run_settings.json and what that file holds."""
+    cfg = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4))
+    compare_command.run(cfg)
+    path = tmp_path / "grpo" / "seed0" / "run_settings.json"
+    return cfg, path, json.loads(path.read_text())
+
+
+def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_path, train_calls):
+    calls = train_calls
     cfg = CompareConfig(out=str(tmp_path), methods=["grpo", "trace:grpo"], seeds=[0], train=TrainConfig(steps=4))
-    rows = cmp.run_compare(cfg)
+    rows = compare_command.run(cfg)
     assert calls == [("grpo", "", 0, True), ("trace", "grpo", 0, True)]
     assert [r["method"] for r in rows] == ["grpo", "trace:grpo"] and rows[1]["advantage"] == "grpo"
     assert (tmp_path / "trace_adv-grpo" / "seed0" / "run_settings.json").is_file()
-    cmp.run_compare(cfg)
+    compare_command.run(cfg)
     assert len(calls) == 2  # both finished: read
     # a study grown later: more seeds of grpo, and the table covers every finished run of the listed methods
     more = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[1], train=TrainConfig(steps=4))
-    cmp.run_compare(more)
-    rows = cmp.run_compare(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4)))
+    compare_command.run(more)
+    rows = compare_command.run(
+        CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4))
+    )
     assert rows[0]["seeds"] == [0, 1] and len(calls) == 3
     changed = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4, eval_tasks=9))
     with pytest.raises(ValueError, match="other settings.*eval_tasks"):
-        cmp.run_compare(changed)
+        compare_command.run(changed)
     # GRPO never branches: its runs serve a study at another branch factor, weighting or flip model; a branching
     # method's are refused
     other_n = TrainConfig(steps=4, budget=BudgetPlan(prompts=8, branch_factor=2))
     other_n.update.weighting = "leaf"
     other_n.predictor.flip_model = "calibrated" if other_n.predictor.flip_model == "raw" else "raw"
-    cmp.run_compare(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0, 1], train=other_n))
+    compare_command.run(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0, 1], train=other_n))
     assert len(calls) == 3
     with pytest.raises(ValueError, match="other settings.*budget.branch_factor.*update.weighting"):
-        cmp.run_compare(CompareConfig(out=str(tmp_path), methods=["trace:grpo"], seeds=[0], train=other_n))
+        compare_command.run(CompareConfig(out=str(tmp_path), methods=["trace:grpo"], seeds=[0], train=other_n))
     (tmp_path / "grpo" / "seed0" / "run_settings.json").unlink()  # seed 0 trains anew; seed 1 is still refused
     with pytest.raises(ValueError, match="seed1 holds a run with other settings"):
-        cmp.run_compare(changed)
+        compare_command.run(changed)
 
 
 def test_standard_errors_of_an_evaluation_by_hand():
@@ -204,14 +226,12 @@ def test_standard_errors_of_an_evaluation_by_hand():
     assert math.isnan(accuracy_se([{"index": 0, "score": 1}, {"index": 1, "score": 0}], 2)[1])
 
 
-def test_pairs_span_warm_starts_and_the_table_names_tuning_seeds(tmp_path, monkeypatch, built_warm_starts):
-    calls = []
-    monkeypatch.setattr(cmp, "train", _fake_train(calls))
-    monkeypatch.setattr(cmp, "plot_compare", lambda runs, out: None)
+def test_pairs_span_warm_starts_and_the_table_names_tuning_seeds(tmp_path, train_calls, built_warm_starts):
+    calls = train_calls
     cfg = CompareConfig(
         out=str(tmp_path), methods=["grpo"], seeds=[100], warm_starts=[0, 1], train=TrainConfig(steps=4)
     )
-    rows = cmp.run_compare(cfg)
+    rows = compare_command.run(cfg)
     assert built_warm_starts == ["tiny@0", "tiny@1"] and len(calls) == 2  # built first, once each
     assert (tmp_path / "grpo" / "seed100").is_dir() and (tmp_path / "grpo" / "ws1-seed100").is_dir()
     assert json.loads((tmp_path / "grpo" / "ws1-seed100" / "run_settings.json").read_text())["policy"]["model"] == (
@@ -227,7 +247,7 @@ def test_pairs_span_warm_starts_and_the_table_names_tuning_seeds(tmp_path, monke
         CompareConfig(warm_starts=[0, 1], train=TrainConfig(policy=type(TrainConfig().policy)(model="random-tiny")))
 
 
-def test_runs_of_one_pair_started_together_evaluate_the_start_once(tmp_path, monkeypatch):
+def test_runs_of_one_pair_started_together_evaluate_the_start_once(tmp_path):
     import threading
 
     evaluations = []
@@ -239,9 +259,8 @@ def test_runs_of_one_pair_started_together_evaluate_the_start_once(tmp_path, mon
             on_before({"accuracy": 0.5})
         return {}
 
-    monkeypatch.setattr(cmp, "train", fake_train)
     cfg = CompareConfig(out=str(tmp_path), methods=["grpo", "trace"], seeds=[100], train=TrainConfig(steps=4))
-    threads = [threading.Thread(target=cmp.run_one, args=(cfg, m, 100)) for m in cfg.methods]
+    threads = [threading.Thread(target=cmp.run_one, args=(cfg, m, 100, 0, fake_train)) for m in cfg.methods]
     for t in threads:
         t.start()
     for t in threads:
@@ -251,51 +270,39 @@ def test_runs_of_one_pair_started_together_evaluate_the_start_once(tmp_path, mon
 
 
 def test_a_run_from_before_a_setting_existed_is_read_while_that_setting_is_at_its_default(
-    tmp_path, monkeypatch, built_warm_starts
+    tmp_path, train_calls, grpo_run
 ):
     """A setting added to the code after a run was made keeps the old behaviour at its default: the run is read,
     and refused once the setting is set otherwise."""
-    calls = []
-    monkeypatch.setattr(cmp, "train", _fake_train(calls))
-    monkeypatch.setattr(cmp, "plot_compare", lambda runs, out: None)
-    cfg = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4))
-    cmp.run_compare(cfg)
-    path = tmp_path / "grpo" / "seed0" / "run_settings.json"
-    stored = json.loads(path.read_text())
+    calls = train_calls
+    cfg, path, stored = grpo_run
     del stored["update"]["max_update_kl"]  # as written by a version without the setting
     del stored["eval_tasks"]
     path.write_text(json.dumps(stored))
-    cmp.run_compare(cfg)
+    compare_command.run(cfg)
     assert len(calls) == 1  # read, not rerun
     bounded_otherwise = TrainConfig(steps=4)
     bounded_otherwise.update.max_update_kl = 0.05
     with pytest.raises(ValueError, match=r"other settings \(differs in update.max_update_kl\)"):
-        cmp.run_compare(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=bounded_otherwise))
+        compare_command.run(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=bounded_otherwise))
     stored["steps"] = 5  # a setting the run does hold, with another value, still differs
     path.write_text(json.dumps(stored))
     with pytest.raises(ValueError, match=r"differs in steps"):
-        cmp.run_compare(cfg)
+        compare_command.run(cfg)
 
 
-def test_a_run_whose_env_settings_predate_plugins_is_read_and_another_mix_refused(
-    tmp_path, monkeypatch, built_warm_starts
-):
+def test_a_run_whose_env_settings_predate_plugins_is_read_and_another_mix_refused(tmp_path, train_calls, grpo_run):
     """A study's runs from when every env's keys sat flat in `env` are read as the same runs today (their mix in
     the calculator's group), so a study grows across the change; a run of another mix is still refused."""
     from trace_rl.stack.env_config import env_config
 
-    calls = []
-    monkeypatch.setattr(cmp, "train", _fake_train(calls))
-    monkeypatch.setattr(cmp, "plot_compare", lambda runs, out: None)
-    cfg = CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=TrainConfig(steps=4))
-    cmp.run_compare(cfg)
-    path = tmp_path / "grpo" / "seed0" / "run_settings.json"
-    stored = json.loads(path.read_text())
+    calls = train_calls
+    cfg, path, stored = grpo_run
     assert stored["env"] == {"name": "calculator", "calculator": {"preset": "train", "chain_steps": [], "digits": []}}
     flat = {"name": "calculator", "chain_steps": [3, 4, 5], "digits": [2], "corpus": "", "retriever_url": ""}
     path.write_text(json.dumps({**stored, "env": {**flat, "sandbox": "strict"}}))  # as written before plug-ins
-    cmp.run_compare(cfg)
+    compare_command.run(cfg)
     assert len(calls) == 1  # read, not rerun
     wide = TrainConfig(steps=4, env=env_config("calculator", preset="rl"))
     with pytest.raises(ValueError, match=r"other settings \(differs in env.calculator.preset\)"):
-        cmp.run_compare(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=wide))
+        compare_command.run(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=wide))

@@ -11,8 +11,6 @@ pytest.importorskip("transformers")
 from test_trainer import SMALL, records  # noqa: E402
 
 from trace_rl.cli import main  # noqa: E402
-from trace_rl.envs import registry  # noqa: E402
-from trace_rl.stack import env_config  # noqa: E402
 
 PARITY = '''
 """Say whether a number is even or odd: one answer, reward 1 when right."""
@@ -65,13 +63,8 @@ def parity(settings):
 
 
 @pytest.fixture
-def parity_module(tmp_path, monkeypatch):
-    (tmp_path / "parity_env.py").write_text(PARITY)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_RESOLVED", {})
-    monkeypatch.setattr(env_config, "_CLASSES", {})
-    yield "parity_env"
-    sys.modules.pop("parity_env", None)
+def parity_module(env_module):
+    return env_module("parity_env", PARITY)
 
 
 def test_two_steps_on_an_environment_defined_here(tmp_path, parity_module, capsys):

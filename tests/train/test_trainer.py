@@ -216,7 +216,10 @@ def test_compare_pairs_vip_with_grpo(tmp_path, capsys):
 
 
 def test_compare_evaluates_the_start_once_per_seed_and_gets_the_number_a_lone_run_gets(tmp_path, monkeypatch):
+    """A compare run is the `trace-rl train` run of its settings: the same evaluation of the start, computed once
+    per seed, and the same records and predictions (what `compare` over `train` must keep)."""
     import trace_rl.train.trainer as trainer
+    from trace_rl.rollout.records import read_metrics
     from trace_rl.train.compare import load_runs
 
     calls = []
@@ -233,6 +236,11 @@ def test_compare_evaluates_the_start_once_per_seed_and_gets_the_number_a_lone_ru
     assert main(["train", f"out={tmp_path / 'alone'}", "method=trace", "seed=3", "steps=1", *SMALL]) == 0
     alone = json.loads((tmp_path / "alone" / "train_summary.json").read_text())
     assert alone["before"] == runs["trace"][0]["before"]  # evaluated on its own: the very same figures
+    lone, paired = tmp_path / "alone", tmp_path / "cmp" / "trace" / "seed3"
+    assert [untimed(r) for r in read_metrics(lone / "metrics.jsonl")["trace"]] == [
+        untimed(r) for r in runs["trace"][0]["records"]
+    ]
+    assert (lone / "predictions.jsonl").read_text() == (paired / "predictions.jsonl").read_text()
 
 
 def test_compare_with_two_workers_trains_the_runs_one_at_a_time_would(tmp_path, monkeypatch):

@@ -6,8 +6,9 @@ errors to one line); nothing here parses a command line.
 `yaml_text` is the resolved config as `config.yaml` (written by the commands that keep a run directory); the
 summary is what the command also writes as its summary JSON where it has one, else a small dict of what it
 wrote (serve-retriever serves until stopped and returns none). The table imports a module only for its own
-command, so one command's layers never load for another; `compare` and `sft` have no module here, since their
-layer's runner (`train.compare.run_compare`, `train.sft.run_sft`) already has this signature.
+command, so one command's layers never load for another; `sft` has no module here, since its layer's runner
+(`train.sft.run_sft`) already has this signature. `compare` runs seeds x methods over another command, each run
+through that command's `run` here (`train`'s or `rollout`'s).
 
 Limits: the per-step loops themselves are still three (`testbed.simulate`, `commands.rollout`,
 `train.trainer`); this package gathers each command's orchestration, not the loop."""

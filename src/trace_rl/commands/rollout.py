@@ -10,15 +10,13 @@ table (`rollout.report.summarize`) and the effective-ratio plot.
 from __future__ import annotations
 
 import gc
-import json
 import sys
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from ..config import write_config
 from ..rollout.records import MetricsWriter
-from ..rollout.run_loop import RunLoop
+from ..rollout.run_loop import RunLoop, progress_line
 from ..seeding import derive_seed
 from ..stack.build import build_env, build_predictor, build_stack
 from ..stack.config import LMRunConfig, check_seed
@@ -49,16 +47,9 @@ class RolloutConfig(LMRunConfig):
             raise ValueError("out must be a directory path, got an empty string")
 
 
-def _progress(name: str, steps: int, records: list[dict]) -> None:
-    """The progress line of a method: steps done, running mean effective ratio, tokens generated so far."""
-    er = sum(r["rollout/effective_ratio"] for r in records) / len(records)
-    tokens = sum(r["rollout/generated_tokens"] for r in records)
-    print(
-        f"\r{name:<18} step {len(records)}/{steps}  effective ratio (running mean) {er:.3f}  tokens {tokens:,}",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
+def _tokens(records: list[dict]) -> str:
+    """The progress line's tail: tokens generated so far."""
+    return f"tokens {sum(r['rollout/generated_tokens'] for r in records):,}"
 
 
 def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
@@ -99,7 +90,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
                 log=writer.write,
                 predictions=preds,
                 trees=out / f"trees_{name}.jsonl" if cfg.save_trees else None,
-                progress=partial(_progress, name, cfg.steps) if cfg.progress else None,
+                progress=progress_line(f"{name:<18}", cfg.steps, _tokens) if cfg.progress else None,
             )
             results[name] = loop.run(cfg.steps)
             if cfg.progress:
@@ -113,16 +104,13 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
 def run(cfg: RolloutConfig, yaml_text: str) -> list[dict]:
     """Grow every method's trees, print and write rollout_summary.json / .txt and the plot; returns the rows."""
     from ..plots import plot_metric
-    from ..rollout.report import format_table, summarize
+    from ..rollout.report import format_table, summarize, write_summary
 
     out = Path(cfg.out)
     write_config(yaml_text, out)
     results = run_rollout(cfg)
     rows = summarize(results)
-    table = format_table(rows)
-    print(table)
-    (out / "rollout_summary.json").write_text(json.dumps(rows, indent=2))
-    (out / "rollout_summary.txt").write_text(table + "\n")
+    write_summary(out / "rollout_summary", rows, format_table(rows))
     plot_metric(
         results, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)"
     )

@@ -1,9 +1,12 @@
 """`trace-rl train`: the trainer (`train.trainer`) from a resolved config, then its one-line report and the
-run's plots from its metrics records. The config stays with the trainer because `compare` builds one per run."""
+run's plots from its metrics records. The config stays with the trainer because `compare` builds one per run;
+`compare command=train` runs each of its runs here, handing the evaluation of the start it shares between a
+pair's runs (`before`, `on_before`: `train.trainer.train`'s)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -11,13 +14,18 @@ import numpy as np
 from ..train.trainer import TrainConfig
 
 
-def run(cfg: TrainConfig, yaml_text: str) -> dict:
+def run(
+    cfg: TrainConfig,
+    yaml_text: str,
+    before: dict | None = None,
+    on_before: Callable[[dict], None] | None = None,
+) -> dict:
     """Train (or resume), print accuracy before and after and the mean effective ratio, plot; returns the
     trainer's summary (what train_summary.json holds)."""
     from ..rollout.records import read_metrics
     from ..train.trainer import train
 
-    s = train(cfg, yaml_text)
+    s = train(cfg, yaml_text, before=before, on_before=on_before)
     before, after = ("-" if s[k] is None else f"{s[k]:.3f}" for k in ("accuracy_before", "accuracy_after"))
     print(
         f"held-out accuracy: {before} before, {after} after {s['steps']} steps "

@@ -1,14 +1,17 @@
 """The one report of methods x seeds at equal cost, on `stats`: what `simulate`, `rollout` and `compare` (and
 `eval`'s table) summarise with. Built from the metrics records (`rollout.records`' schema), numpy only.
 
-- Per-method summary of one run, or of runs averaged step-wise over seeds (`summarize`, `average_runs`).
+- Per-method summary of one run, or of runs averaged step-wise over seeds (`summarize`, `average_runs`); of
+  runs without an update over seeds, each figure with its interval and its difference to the baseline paired
+  by seed (`summarize_over_seeds`, `format_over_seeds`: `compare command=rollout`).
 - Accuracy curves: held-out accuracy against a cost (rollouts, turns, generated tokens) from (0, accuracy
   before training), with the cost summed over steps or read from a running total (`accuracy_curve`).
 - Equal cost: two curves read at the smaller of their two final costs, linear between evaluations
   (`at_equal_cost`), so a method that spent less is read at its end and the other where it had spent as much;
   paired over seeds with a bootstrap interval (`paired_at_equal_cost`).
 - Intervals as dicts {mean, lo, hi} (t interval over seeds, paired bootstrap, cost to a target with the count
-  of seeds that reached it) and their one text form (`format_interval`); one plain-text table (`format_table`).
+  of seeds that reached it) and their one text form (`format_interval`); one plain-text table (`format_table`),
+  printed and written beside its rows (`write_summary`).
 
 Limits: the statistics and their caveats are `stats`' (t intervals assume roughly normal per-seed values; the
 bootstrap is coarse with few seeds; costs to a target average only the seeds that reached it). Reading between
@@ -17,7 +20,9 @@ evaluations is linear interpolation, an estimate between the points actually mea
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -94,6 +99,70 @@ def summarize(results: dict[str, list[dict]], baseline: str | None = None) -> li
         for key, label in (("effective_ratio", ""), ("er_second_half", "_2nd_half")):
             r[f"vs_{baseline}{label}"] = r[key] / base[key] if base[key] else float("nan")
     return rows
+
+
+# the figures of a run without an update that `summarize_over_seeds` gives intervals and paired differences of
+OVER_SEEDS = ("effective_ratio", "er_second_half", "groups_per_1k", "flip_rate")
+
+
+def summarize_over_seeds(runs: dict[str, list[dict]], baseline: str | None = None) -> list[dict]:
+    """One row per method over its seeds' runs (`runs`: method -> one dict per seed with `seed`, `pair`, the
+    pairing unit, and `records`): each figure of OVER_SEEDS as each seed's `summarize` row has it (`per_seed`),
+    with the t interval over seeds, and its difference to the baseline's run of the same pair (`<figure>_diff`,
+    paired bootstrap over the pairs both ran); `er_ratio`: the mean effective ratio over those pairs over the
+    baseline's. Rollouts, turns, tokens and wall-clock: means over seeds. The baseline is GRPO when it ran, else
+    the first method."""
+    names = list(runs)
+    baseline = baseline if baseline in runs else ("grpo" if "grpo" in runs else names[0])
+    per_run = {m: [summarize({m: s["records"]})[0] for s in seeds] for m, seeds in runs.items()}
+    base = {s["pair"]: row for s, row in zip(runs[baseline], per_run[baseline])}
+    rows = []
+    for name, seeds in runs.items():
+        own = per_run[name]
+        row: dict = {"method": name, "baseline": baseline, "seeds": [s["seed"] for s in seeds]}
+        row["pairs"] = [s["pair"] for s in seeds]
+        for key in OVER_SEEDS:
+            values = [r[key] for r in own]
+            row[key] = {**interval(values), "per_seed": values}
+        paired = [(r, base[s["pair"]]) for s, r in zip(seeds, own) if s["pair"] in base]
+        for key in OVER_SEEDS:
+            ours, theirs = [a[key] for a, _ in paired], [b[key] for _, b in paired]
+            row[f"{key}_diff"] = {**paired_interval(ours, theirs), "seeds": len(paired)}
+        ours_er = float(np.mean([a["effective_ratio"] for a, _ in paired])) if paired else float("nan")
+        base_er = float(np.mean([b["effective_ratio"] for _, b in paired])) if paired else float("nan")
+        row["er_ratio"] = ours_er / base_er if base_er else float("nan")
+        for key in ("rollouts", "turns", "tokens", "prefix_share", "wall_s"):
+            row[key] = float(np.mean([r[key] for r in own]))
+        rows.append(row)
+    return rows
+
+
+def format_over_seeds(rows: list[dict]) -> str:
+    """`summarize_over_seeds`' rows as a text table: mean [95% interval] over seeds, differences to the baseline
+    paired by seed."""
+    base = rows[0]["baseline"] if rows else "grpo"
+    cells = [
+        {
+            "method": r["method"],
+            "seeds": str(len(r["pairs"])),
+            "effective_ratio": format_interval(r["effective_ratio"]),
+            f"er_vs_{base}": "-" if np.isnan(r["er_ratio"]) else f"{r['er_ratio']:.2f}",
+            f"er_diff_vs_{base}": format_interval(r["effective_ratio_diff"], signed=True),
+            "er_second_half": format_interval(r["er_second_half"]),
+            "groups_per_1k": format_interval(r["groups_per_1k"], 1),
+            f"groups_diff_vs_{base}": format_interval(r["groups_per_1k_diff"], 1, signed=True),
+            "flip_rate": format_interval(r["flip_rate"]),
+            "rollouts": f"{r['rollouts']:,.0f}",
+            "tokens": f"{r['tokens']:,.0f}",
+            "wall_s": f"{r['wall_s']:.0f}",
+        }
+        for r in rows
+    ]
+    note = (
+        f"mean [95% interval] over seeds; *_diff_vs_{base}: paired bootstrap over the seeds both ran; "
+        "groups_per_1k: contrast groups per 1k rollouts; flip_rate: flips per continuation"
+    )
+    return note + "\n" + format_table(cells)
 
 
 # -- accuracy against cost ----------------------------------------------------------------------------------
@@ -192,3 +261,10 @@ def format_table(rows: list[dict], right_align: bool = True, rule: bool = True) 
         )
 
     return "\n".join([line(cols)] + ([line(["-" * w for w in widths])] if rule else []) + [line(r) for r in cells])
+
+
+def write_summary(stem: Path, rows: list[dict], table: str) -> None:
+    """A command's summary: the table printed, and written as <stem>.txt beside its rows as <stem>.json."""
+    print(table)
+    stem.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+    stem.with_suffix(".txt").write_text(table + "\n")

@@ -10,10 +10,14 @@ A learner is what follows the step (the `Learner` protocol): `begin_step()` befo
 (the LM learner empties the backend's caches, so a step never depends on what earlier steps or evaluations left
 cached) and `update(result, step)`, which trains the policy on the step's trees and returns what goes under
 `train/` in the record; the loop times it as `timing_s/update`.
+
+`progress_line` is the one per-step progress line of a method's run (steps done, running mean effective ratio,
+and what the command adds: `simulate` the latest accuracy, `rollout` the tokens so far).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -103,3 +107,22 @@ class RunLoop:
             if self.progress:
                 self.progress(records)
         return records
+
+
+def progress_line(
+    label: str, steps: int, tail: Callable[[list[dict]], str], width: int = 0
+) -> Callable[[list[dict]], None]:
+    """A `RunLoop.progress` that rewrites one stderr line after each step: `label`, steps done of `steps` (the
+    count right-aligned in `width` characters), the running mean effective ratio, then `tail(records)`. The
+    caller ends the line (a newline on stderr) once the method's run is done."""
+
+    def show(records: list[dict]) -> None:
+        er = sum(r["rollout/effective_ratio"] for r in records) / len(records)
+        print(
+            f"\r{label} step {len(records):>{width}}/{steps}  effective ratio (running mean) {er:.3f}  {tail(records)}",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show

@@ -33,7 +33,7 @@ from ..predictors.flip import FLIP_MODELS, make_flip_model
 from ..rollout.engine import TreeRolloutEngine, check_executor, make_executor
 from ..rollout.ray_executor import RayConfig
 from ..rollout.records import MetricsWriter, read_metrics
-from ..rollout.run_loop import RunLoop
+from ..rollout.run_loop import RunLoop, progress_line
 from ..seeding import derive_rng
 from ..trace_config import PREFIX_SHARE, check_methods, check_prefix_share
 from .actor import TestbedActor
@@ -217,16 +217,9 @@ def method_loop(
     return loop, policy
 
 
-def _progress(label: str, steps: int, before: float, records: list[dict]) -> None:
-    """The progress line of a method's run: steps done, running mean effective ratio, the latest accuracy."""
-    er = np.mean([r["rollout/effective_ratio"] for r in records])
-    acc = next((r["eval/accuracy"] for r in reversed(records) if "eval/accuracy" in r), before)
-    print(
-        f"\r{label} step {len(records):>3}/{steps}  effective ratio (running mean) {er:.3f}  accuracy {acc:.3f}",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
+def _latest_accuracy(before: float, records: list[dict]) -> str:
+    """The progress line's tail: the latest held-out accuracy (the one before training until the first)."""
+    return f"accuracy {next((r['eval/accuracy'] for r in reversed(records) if 'eval/accuracy' in r), before):.3f}"
 
 
 def run_simulation(cfg: SimulateConfig, seed: int | None = None, out: Path | None = None) -> dict[str, list[dict]]:
@@ -254,7 +247,8 @@ def run_simulation(cfg: SimulateConfig, seed: int | None = None, out: Path | Non
             if cfg.save_trees_every:
                 loop.trees, loop.trees_every = out / f"trees_{name}.jsonl", cfg.save_trees_every
         if cfg.progress:
-            loop.progress = partial(_progress, f"[{mi + 1}/{len(cfg.methods)}] {name:<18}", cfg.steps, before)
+            label = f"[{mi + 1}/{len(cfg.methods)}] {name:<18}"
+            loop.progress = progress_line(label, cfg.steps, partial(_latest_accuracy, before), width=3)
         results[name] = loop.run(cfg.steps, before={"accuracy_before": before})
         if cfg.progress:
             print(file=sys.stderr)

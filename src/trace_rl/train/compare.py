@@ -1,6 +1,9 @@
-"""`trace-rl compare`: a paired experiment. Every method trains from the same start on each seed, with the same
-held-out set and the same candidate pools (both drawn from the seed alone; the runs' digests are checked), at
-the same rollout budget per step; the table reads what the budget bought.
+"""`trace-rl compare` over `train` (`commands.compare`, command=train): a paired experiment. Every method trains
+from the same start on each seed, with the same held-out set and the same candidate pools (both drawn from the
+seed alone; the runs' digests are checked), at the same rollout budget per step; the table reads what the budget
+bought. This module holds what is train's own: a run's config and its shared evaluation of the start
+(`run_one`), finished runs and their settings (`load_runs`), the pairing check, the table and the plots
+(`report`); `commands.compare` runs the jobs (warm starts, pairs, workers), each through `train`'s runner.
 
 Per method (a method name, or `method:advantage` to train an allocation with another advantage estimator, so
 allocation and update can be told apart): held-out accuracy before and after and the gain, each with a 95% t
@@ -19,12 +22,10 @@ its newest checkpoint. Each run directory keeps the settings it was trained with
 run trained with other settings is refused rather than mixed in. The table covers every finished run of the
 listed methods found under `out`, seeds beyond those listed included, so a study grown over several
 invocations (5 seeds of some methods, 3 of others) is summarised whole; each row says how many seeds it holds.
-Runs go seed by seed (every method of seed 0, then seed 1, ...), so a study stopped part-way holds complete
-pairs; the evaluation before training, the same for every method of a seed, is computed once per seed (twice at
-most with workers: two runs of a seed that start together both compute it). `workers=2` trains two runs at once,
-each in its own process with half the cores' torch threads: on a small machine and the tiny model one thread per
-run uses the cores better than two threads for one run. A run's figures depend on its seed and on the torch
-thread count (the last bits of a matmul's sums), not on the number of workers: keep one thread count per study.
+The evaluation before training, the same for every method of a seed, is computed once per seed (twice at most
+with workers: two runs of a seed that start together both compute it). A run's figures depend on its seed and
+on the torch thread count (the last bits of a matmul's sums), not on the number of workers: keep one thread
+count per study.
 
 Limits: with 3-5 seeds the intervals are wide and the bootstrap one is coarse (see `stats`); costs-to-target
 average the seeds that got there, so read them with the count. Wall-clock sums the logged step, update and
@@ -40,13 +41,12 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Protocol
 
 import numpy as np
 
-from ..lm.warm_start import is_tiny
 from ..methods import METHODS
 from ..rollout.records import read_metrics
 from ..rollout.report import (
@@ -59,13 +59,12 @@ from ..rollout.report import (
     interval,
     paired_interval,
     run_means,
+    write_summary,
 )
-from ..stack.config import check_seed
 from ..stack.env_config import upgrade_run_settings
-from ..trace_config import check_advantage, check_methods
 from .checkpoint import checkpoints
 from .run_settings import RUN_SETTINGS, finished, run_settings, start_settings
-from .trainer import TrainConfig, train
+from .trainer import TrainConfig
 
 BASELINE = "grpo"
 DEFAULT_METHODS = ("grpo", "pcl", "knapsack_rl", "tree_grpo", "treepo", "trace")
@@ -91,51 +90,13 @@ def method_of_dir(name: str) -> str:
     return f"{method}:{advantage}" if sep else name
 
 
-@dataclass
-class CompareConfig:
-    """`trace-rl compare`: methods trained from one start at equal rollout budget, paired over seeds."""
+class Study(Protocol):
+    """What this module reads of a compare config of command train (`commands.compare.CompareConfig`)."""
 
-    out: str = "runs/compare"  # directory: one training run per method and seed, the table and the plots
-    methods: list[str] = field(default_factory=lambda: list(DEFAULT_METHODS))  # names, or method:advantage (trace:grpo)
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one run per method and seed
-    train: TrainConfig = field(default_factory=TrainConfig)  # the settings every run shares (its method is replaced)
-    warm_starts: list[int] = field(default_factory=lambda: [0])  # tiny@W starts (sft seeds); a pair is (W, seed)
-    workers: int = 1  # runs trained at once, each in its own process with cores // workers torch threads (at least 1)
-
-    # what compare sets for each run itself (`_run_config`): refused, and left out of --help, not ignored
-    SET_PER_RUN: ClassVar[dict[str, str]] = {
-        "train.out": "each run writes to out/<method>/seed<k>; set out",
-        "train.seed": "each run takes one of seeds; set seeds",
-        "train.method": "each run takes one of methods; set methods",
-        "train.resume": "compare always resumes unfinished runs and reads finished ones",
-    }
-
-    def __post_init__(self):
-        # each entry is a method and, after ':', an advantage: TRACE's one check of each (trace_config)
-        check_methods(list(dict.fromkeys(parse_method(m)[0] for m in self.methods)), oracle=False)
-        for spec in self.methods:
-            check_advantage(parse_method(spec)[1], key="methods (the advantage after ':')")
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"methods: {self.methods} lists a method twice")
-        if not self.seeds:
-            raise ValueError("seeds: give at least one seed")
-        for seed in self.seeds:
-            check_seed(seed, "seeds")
-        if len(set(self.seeds)) < len(self.seeds):
-            raise ValueError(f"seeds: each seed once, got {self.seeds}")
-        if not self.out:
-            raise ValueError("out must be a directory path, got an empty string")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1 (runs trained at once), got {self.workers}")
-        if not self.warm_starts or len(set(self.warm_starts)) < len(self.warm_starts):
-            raise ValueError(f"warm_starts: each warm start once, at least one, got {self.warm_starts}")
-        for w in self.warm_starts:
-            check_seed(w, "warm_starts")
-        if self.warm_starts != [0] and self.train.policy.model not in ("tiny", "tiny@0"):
-            raise ValueError(
-                f"warm_starts: only the tiny policy has several warm starts (tiny@W); train.policy.model is "
-                f"{self.train.policy.model!r}"
-            )
+    out: str
+    methods: list[str]
+    warm_starts: list[int]
+    train: TrainConfig
 
 
 def pair_name(warm: int, seed: int) -> str:
@@ -150,7 +111,7 @@ def parse_pair(name: str) -> tuple[int, int] | None:
     return None if m is None else (int(m.group(1) or 0), int(m.group(2)))
 
 
-def _run_config(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> TrainConfig:
+def _run_config(cfg: Study, spec: str, seed: int, warm: int = 0) -> TrainConfig:
     name, advantage = parse_method(spec)
     run_cfg = copy.deepcopy(cfg.train)
     run_cfg.method, run_cfg.advantage, run_cfg.seed = name, advantage or cfg.train.advantage, seed
@@ -160,19 +121,28 @@ def _run_config(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Trai
     return run_cfg
 
 
-def run_one(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Path:
-    """Train (or resume, or just find) one method's run on one pair; returns its directory. The evaluation
-    before training is computed once per pair, by the first run that needs it, under a lock that the pair's
-    other runs wait on, and handed to them (`before_{pair}.json`)."""
+def open_run(run: Path, spec: str, seed: int, warm: int, done: bool, settings: dict) -> bool:
+    """Whether a study's run is to be run: a finished one (`done`) is said to be read and is not; else its
+    settings are written beside it (run_settings.json) and its start is said."""
+    label = f"{spec}, {'warm start ' + str(warm) + ', ' if warm else ''}seed {seed}"
+    if done:
+        print(f"== {label}: finished, read from {run}", file=sys.stderr)
+        return False
+    run.mkdir(parents=True, exist_ok=True)
+    (run / RUN_SETTINGS).write_text(json.dumps(settings, indent=2))
+    print(f"== {label}", file=sys.stderr)
+    return True
+
+
+def run_one(cfg: Study, spec: str, seed: int, warm: int, runner: Callable[..., dict]) -> Path:
+    """Train (or resume, or just find) one method's run on one pair with `runner` (`train`'s, which takes the
+    trainer's `before` and `on_before`); returns its directory. The evaluation before training is computed once
+    per pair, by the first run that needs it, under a lock that the pair's other runs wait on, and handed to
+    them (`before_{pair}.json`)."""
     run_cfg = _run_config(cfg, spec, seed, warm)
     run = Path(run_cfg.out)
-    label = f"{spec}, {'warm start ' + str(warm) + ', ' if warm else ''}seed {seed}"
-    if finished(run, run_cfg):
-        print(f"== {label}: finished, read from {run}", file=sys.stderr)
+    if not open_run(run, spec, seed, warm, finished(run, run_cfg), run_settings(run_cfg)):
         return run
-    run.mkdir(parents=True, exist_ok=True)
-    (run / RUN_SETTINGS).write_text(json.dumps(run_settings(run_cfg), indent=2))
-    print(f"== {label}", file=sys.stderr)
     from omegaconf import OmegaConf
 
     from ..lm.warm_start import file_lock
@@ -193,45 +163,11 @@ def run_one(cfg: CompareConfig, spec: str, seed: int, warm: int = 0) -> Path:
             tmp.replace(shared)
             held.close()
 
-        train(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)), before=before, on_before=share)
+        runner(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)), before=before, on_before=share)
     return run
 
 
-def _run_in_worker(cfg: CompareConfig, spec: str, seed: int, warm: int, threads: int) -> Path:
-    import torch
-
-    torch.set_num_threads(threads)
-    return run_one(cfg, spec, seed, warm)
-
-
-def run_all(cfg: CompareConfig) -> None:
-    """Every (pair, method) run, pair by pair; with workers > 1, that many at once in spawned processes of
-    cores // workers torch threads each. The warm starts are built first, here, once each (a build holds a lock
-    too, so a second compare on the same cache waits for it rather than training it again)."""
-    if is_tiny(cfg.train.policy.model):
-        from .trainer import ensure_policy
-
-        for warm in cfg.warm_starts:
-            start_cfg = copy.deepcopy(cfg.train)
-            start_cfg.policy.model = f"tiny@{warm}"
-            ensure_policy(start_cfg)
-    # a study stopped part-way holds complete pairs
-    jobs = [(spec, seed, warm) for warm in cfg.warm_starts for seed in cfg.seeds for spec in cfg.methods]
-    if cfg.workers == 1:
-        for spec, seed, warm in jobs:
-            run_one(cfg, spec, seed, warm)
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    threads = max(1, (os.cpu_count() or 1) // cfg.workers)
-    context = multiprocessing.get_context("spawn")  # torch and fork do not mix
-    with ProcessPoolExecutor(cfg.workers, mp_context=context) as pool:
-        for done in [pool.submit(_run_in_worker, cfg, spec, seed, warm, threads) for spec, seed, warm in jobs]:
-            done.result()  # the first failure stops the command with its own message
-
-
-def load_runs(out: Path, methods: list[str], cfg: CompareConfig | None = None) -> dict[str, list[dict]]:
+def load_runs(out: Path, methods: list[str], cfg: Study | None = None) -> dict[str, list[dict]]:
     """Every finished run of `methods` under `out`, in seed order: its summary with its records. With `cfg`,
     a run trained with other settings than `cfg.train` is refused (not mixed into the table)."""
     runs: dict[str, list[dict]] = {}
@@ -253,21 +189,15 @@ def load_runs(out: Path, methods: list[str], cfg: CompareConfig | None = None) -
     return runs
 
 
-def run_compare(cfg: CompareConfig, config_yaml: str = "") -> list[dict]:
-
+def report(cfg: Study) -> list[dict]:
+    """The study's table over every finished run under cfg.out (warnings for unpaired runs), printed and written
+    as compare_summary.json / .txt, with the plots; returns the rows."""
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if config_yaml:
-        (out / "config.yaml").write_text(config_yaml)
-    run_all(cfg)
     runs = load_runs(out, cfg.methods, cfg)
     for problem in check_pairing(runs):
         print(f"warning: {problem}", file=sys.stderr)
     rows = summarize_compare(runs)
-    table = format_compare(rows)
-    print(table)
-    (out / "compare_summary.json").write_text(json.dumps(rows, indent=2))
-    (out / "compare_summary.txt").write_text(table + "\n")
+    write_summary(out / "compare_summary", rows, format_compare(rows))
     plot_compare(runs, out)
     print(f"\nwrote {out}/compare_summary.json, accuracy_vs_rollouts.png, accuracy_vs_tokens.png, chain.png")
     return rows
