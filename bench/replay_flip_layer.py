@@ -103,16 +103,16 @@ def main() -> None:
     runs = read_runs(args.paths, extra=("flip_pred",))
     results = {name: replay(steps, args) for name, steps in runs.items()}
     if args.runs_table:
-        names = depth_names(args.max_depth)
+        names, width = depth_names(args.max_depth), max(len(n) for n in results)
         for label in ("run", f"steps 0-{args.burn - 1}"):
             print(f"|predicted - realised| per depth bin, {label} (continuations in brackets)")
-            print(f"  {'run':60s} " + " ".join(f"{n:>12s}" for n in names) + f" {'largest':>8s}")
+            print(f"  {'run':{width}s} " + " ".join(f"{n:>12s}" for n in names) + f" {'largest':>8s}")
             for name, (data, _) in results.items():
                 keep = dict(periods(data, args.burn))[label]
                 cells = {n: (k, abs(lp - real)) for n, k, lp, _, real in bins(data, keep, args.max_depth)}
                 text = [f"{cells[n][1]:.3f} ({cells[n][0]:3.0f})" if n in cells else "-" for n in names]
                 largest = max((g for n, (_, g) in cells.items() if n != "all"), default=0.0)
-                print(f"  {name[-60:]:60s} " + " ".join(f"{t:>12s}" for t in text) + f" {largest:8.3f}")
+                print(f"  {name:{width}s} " + " ".join(f"{t:>12s}" for t in text) + f" {largest:8.3f}")
         return
     for name, (data, worst) in results.items():
         print_table(f"{name}: {len(data)} chosen anchors over {len(np.unique(data[:, 0]))} steps", data, args)

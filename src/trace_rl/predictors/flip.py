@@ -27,6 +27,13 @@ k = 1 (the default) says the features leave half of the variance a Bernoulli out
 It is a statement about resolution, not about the task, and it carries only the first step (no data yet):
 sigma_cell = 4 on the logit scale lets one step's few dozen continuations move each cell.
 
+A fitted prior (`FlipPrior`, `fit_flip_prior`, the setting `predictor.flip_prior`) moves the prior's mean from 0
+to the layer's own fit on earlier runs' chosen anchors (pooled, no ageing) and holds it with a spread of its own
+(sigma 0.5 on the cells and 0.25 on the slopes for the default LM task, chosen on tuning seeds by
+`bench/fit_flip_prior.py`): a fresh layer then predicts the earlier runs' flip rates per (r, depth), which is
+what the q/2 prior got wrong in the steps before any data (a failure's deep prefix flips far less than q/2
+says). The objective is the same with (theta - mean) in the prior term; the fit starts from the mean.
+
 Honest about selection. The layer is fitted on the anchors stage 2 chose, and only on them: an anchor that got
 no continuation shows no flip. Stage 2 chooses on the layer's own prediction, a function of (r, v, d), the
 layer's inputs; given its inputs, being chosen tells nothing more about the outcome (selection on what the
