@@ -1,8 +1,9 @@
 """The calibrated flip layer (predictors/flip.py): its prior against a brute-force Beta world, its MAP fit against
 a grid search and its first-order conditions, the online update (ageing, dropping, a restored state refitting to
-the same numbers), the observations it reads off trees, and the claim it is built on: where V~ cannot see the
+the same numbers), the observations it reads off trees, the claim it is built on: where V~ cannot see the
 state, q from V~ over-predicts the flips of the prefixes an arg-max chooses, and the layer, fitted only on those
-chosen prefixes, predicts them."""
+chosen prefixes, predicts them; and a prior fitted on earlier runs (`FlipPrior`): the layer's own fit, what a
+fresh layer predicts under it, how data moves it, its file and the refusal of a bad one."""
 
 import json
 
@@ -13,7 +14,9 @@ from trace_rl.allocation import allocate_prefixes, prefix_flip_prob
 from trace_rl.predictors.flip import (
     MAX_HALF_LIVES,
     FlipCalibrator,
+    FlipPrior,
     beta_flip_prior,
+    fit_flip_prior,
     flip_observations,
     make_flip_model,
 )
@@ -191,3 +194,113 @@ def test_fitted_only_on_the_prefixes_it_chose_the_layer_predicts_their_flips_whe
             assert abs(layer[d][:, 1].mean() - layer[d][:, 2].mean()) < 0.04, d
     assert len(layer[1]) > len(raw[1])  # it moves continuations to the early prefixes, which flip most
     assert layer[0][:, 2].mean() > raw[0][:, 2].mean() + 0.05  # and buys more flips with the same budget
+
+
+def _anchors(rng, n: int, flip_success: float, flip_failure: float) -> tuple[np.ndarray, ...]:
+    """n anchors (reward, V~, depth, continuations, flips) whose continuations flip at a rate set by r alone."""
+    r = rng.integers(0, 2, n).astype(float)
+    k = rng.integers(1, 4, n)
+    f = rng.binomial(k, np.where(r > 0.5, flip_success, flip_failure))
+    return r, rng.uniform(0.05, 0.95, n), rng.integers(1, 7, n), k, f
+
+
+def test_a_fitted_prior_is_the_layers_own_map_fit_on_the_pooled_rows_without_ageing():
+    rng = np.random.default_rng(5)
+    runs = [_anchors(rng, 80, 0.1, 0.4), _anchors(rng, 50, 0.2, 0.3)]
+    prior = fit_flip_prior(runs, sigma_cell=0.5, sigma_slope=0.25, names=["a", "b"])
+    layer = FlipCalibrator()
+    layer.observe(*(np.concatenate([run[i] for run in runs]) for i in range(5)))  # one step: every row weight 1
+    assert np.array_equal(prior.theta, layer.theta)
+    again = fit_flip_prior(runs[::-1], sigma_cell=0.5, sigma_slope=0.25)  # no ageing: the runs' order is moot
+    assert np.allclose(again.theta, prior.theta, atol=1e-9)
+    aged = FlipCalibrator()
+    for run in runs:  # the online layer, one run a step, weighs the first run half as much: another fit
+        aged.observe(*run)
+    assert not np.allclose(aged.theta, prior.theta, atol=1e-3)
+    r, _, d, k, f = (np.concatenate([run[i] for run in runs]) for i in range(5))
+    cell = (r > 0.5).astype(int) * 4 + np.minimum(d, 4) - 1
+    assert prior.continuations == tuple(np.bincount(cell, weights=k, minlength=8).astype(int))
+    assert prior.flips == tuple(np.bincount(cell, weights=f, minlength=8).astype(int))
+    assert (prior.sigma_cell, prior.sigma_slope, prior.runs) == (0.5, 0.25, ("a", "b"))
+
+
+def test_under_a_fitted_prior_the_layer_predicts_it_before_data_and_moves_toward_data():
+    rng = np.random.default_rng(6)
+    earlier = [_anchors(rng, 400, 0.05, 0.45)]  # deep in the prior: successes rarely flip, failures often
+    prior = fit_flip_prior(earlier, sigma_cell=0.5, sigma_slope=0.25)
+    fitted = FlipCalibrator()
+    fitted.observe(*earlier[0])
+    probe = (np.array([1.0, 1.0, 0.0, 0.0]), np.array([0.7, 0.3, 0.6, 0.2]), np.array([1, 4, 2, 5]))
+    cold = prior.layer()
+    assert np.allclose(cold.predict(*probe), fitted.predict(*probe), atol=1e-12)  # before any data: the prior
+    assert cold.predict(*probe) == pytest.approx([0.05, 0.05, 0.45, 0.45], abs=0.1)  # the earlier rates, not q/2
+    assert not np.allclose(FlipCalibrator().predict(*probe), cold.predict(*probe), atol=0.05)
+
+    loose = FlipPrior(**{**prior.to_dict(), "sigma_cell": 4.0, "sigma_slope": 0.5}).layer()
+    gaps = {id(cold): [], id(loose): []}
+    for _ in range(6):  # now successes flip at 0.3: each step moves the layer toward it
+        batch = _anchors(rng, 40, 0.3, 0.45)
+        for layer in (cold, loose):
+            layer.observe(*batch)
+            gaps[id(layer)].append(abs(float(np.mean(layer.predict(*probe)[:2])) - 0.3))
+    before = abs(float(np.mean(prior.layer().predict(*probe)[:2])) - 0.3)
+    assert gaps[id(cold)][0] < before and gaps[id(cold)][-1] < 0.5 * before  # data moves it, step by step
+    assert gaps[id(loose)][0] < gaps[id(cold)][0]  # a looser prior lets the first step move it further
+    # the MAP pulls toward the prior's mean, not toward 0: per cell, sum of w (K p - F) = -(a - a0) / sigma^2
+    rows = np.array(cold.state_dict()["rows"])  # success, q of V~, depth bin, continuations, flips, age
+    cell = (rows[:, 0] == 1) & (rows[:, 2] == 0)  # after a success, depth 1
+    success, q, k, f, age = rows[cell, 0], rows[cell, 1], rows[cell, 3], rows[cell, 4], rows[cell, 5]
+    p = cold.predict(success, 1.0 - q, np.ones(q.size, dtype=int))  # after a success q = 1 - V~
+    lhs = float(np.sum(0.5 ** (age / cold.half_life) * (k * p - f)))
+    assert lhs == pytest.approx(-(cold.theta[4] - prior.theta[4]) / prior.sigma_cell**2, abs=1e-7)
+
+
+def test_a_prior_file_round_trips_and_a_checkpoint_keeps_its_prior(tmp_path):
+    rng = np.random.default_rng(7)
+    prior = fit_flip_prior([_anchors(rng, 60, 0.1, 0.4)], sigma_cell=0.5, sigma_slope=0.25, names=["run"])
+    path = tmp_path / "prior.json"
+    prior.save(path)
+    assert FlipPrior.load(path) == prior
+    layer = make_flip_model("calibrated", str(path))
+    assert np.array_equal(layer.prior_mean, prior.theta) and layer.sigma_cell == 0.5 and layer.sigma_slope == 0.25
+    layer.observe(*_anchors(rng, 20, 0.2, 0.3))
+    restored = prior.layer()
+    restored.load_state_dict(json.loads(json.dumps(layer.state_dict())))
+    batch = _anchors(rng, 20, 0.2, 0.3)
+    for each in (layer, restored):
+        each.observe(*batch)
+    assert np.array_equal(layer.theta, restored.theta)
+    with pytest.raises(ValueError, match="settings"):  # a checkpoint of another prior is refused
+        FlipCalibrator(sigma_cell=0.5, sigma_slope=0.25).load_state_dict(layer.state_dict())
+    assert "prior_mean" not in FlipCalibrator().state_dict()["settings"]  # checkpoints from before still load
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no file"),
+        ("{not json", "not a JSON file"),
+        ("[1, 2]", "JSON object"),
+        ('{"theta": [0.0]}', "lacks continuations, flips, sigma_cell, sigma_slope"),
+        ('{"theta": [0.0], "sigma_cell": 1, "sigma_slope": 1, "continuations": [], "flips": [], "x": 1}', "keys x"),
+        ('{"theta": [0.0], "sigma_cell": 1, "sigma_slope": 1, "continuations": [], "flips": []}', "10 finite"),
+        (
+            '{"theta": [0,0,0,0,0,0,0,0,0,0], "sigma_cell": 0, "sigma_slope": 1, "continuations": [], "flips": []}',
+            "sigma_cell",
+        ),
+        (
+            '{"theta": [0,0,0,0,0,0,0,0,0,0], "sigma_cell": 1, "sigma_slope": 1, "continuations": [1], "flips": [1]}',
+            "per cell",
+        ),
+    ],
+)
+def test_a_bad_prior_file_is_one_line_naming_the_setting(tmp_path, content, message):
+    path = tmp_path / "prior.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError) as err:
+        make_flip_model("calibrated", str(path))
+    text = str(err.value)
+    assert text.startswith("predictor.flip_prior: ") and message in text and "\n" not in text, text
+    with pytest.raises(ValueError, match="only predictor.flip_model=calibrated reads it"):
+        make_flip_model("raw", str(path))

@@ -83,6 +83,19 @@ def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
     assert main(["train", *SMALL, "steps=2", f"out={part}"]) == 2  # checkpoints there and no resume: refused
 
 
+def test_a_flip_prior_file_reaches_stage_2s_layer(tmp_path):
+    from trace_rl.predictors.flip import FlipPrior
+
+    theta = tuple(-1.0 + 0.1 * i for i in range(10))
+    FlipPrior(theta, 0.5, 0.25, continuations=(3,) * 8, flips=(1,) * 8).save(tmp_path / "prior.json")
+    prior = f"predictor.flip_prior={tmp_path / 'prior.json'}"
+    out = tmp_path / "run"
+    argv = ["train", *SMALL, "predictor.flip_model=calibrated", prior, "steps=1", f"out={out}", "save_every=1"]
+    assert main(argv) == 0
+    layer = json.loads((out / "global_step_1" / "trainer_state.json").read_text())["flip_model"]
+    assert layer["settings"]["prior_mean"] == list(theta) and layer["settings"]["sigma_cell"] == 0.5
+
+
 def test_vip_trains_on_its_gaussian_process_and_resumes_it(tmp_path):
     """method=vip: its GP (here over hashed prompt n-grams: the tests load no MiniLM) is pickled into each
     checkpoint with its fits, so a resumed run allocates as the uninterrupted one did."""

@@ -27,6 +27,13 @@ k = 1 (the default) says the features leave half of the variance a Bernoulli out
 It is a statement about resolution, not about the task, and it carries only the first step (no data yet):
 sigma_cell = 4 on the logit scale lets one step's few dozen continuations move each cell.
 
+A fitted prior (`FlipPrior`, `fit_flip_prior`, the setting `predictor.flip_prior`) moves the prior's mean from 0
+to the layer's own fit on earlier runs' chosen anchors (pooled, no ageing) and holds it with a spread of its own
+(sigma 0.5 on the cells and 0.25 on the slopes for the default LM task, chosen on tuning seeds by
+`bench/fit_flip_prior.py`): a fresh layer then predicts the earlier runs' flip rates per (r, depth), which is
+what the q/2 prior got wrong in the steps before any data (a failure's deep prefix flips far less than q/2
+says). The objective is the same with (theta - mean) in the prior term; the fit starts from the mean.
+
 Honest about selection. The layer is fitted on the anchors stage 2 chose, and only on them: an anchor that got
 no continuation shows no flip. Stage 2 chooses on the layer's own prediction, a function of (r, v, d), the
 layer's inputs; given its inputs, being chosen tells nothing more about the outcome (selection on what the
@@ -45,7 +52,10 @@ the policy's hidden states) can sharpen which prefix of a cell to pick. numpy on
 
 from __future__ import annotations
 
-from typing import Iterable
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -89,6 +99,7 @@ class FlipCalibrator:
         sigma_slope: float = 0.5,
         half_life: float = 16.0,
         max_depth: int = 4,
+        prior_mean=None,
     ):
         self.kappa = _positive("kappa", kappa)
         self.sigma_cell = _positive("sigma_cell", sigma_cell)
@@ -97,7 +108,13 @@ class FlipCalibrator:
         if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1:
             raise ValueError(f"max_depth must be an integer >= 1, got {max_depth!r}")
         self.max_depth = int(max_depth)
-        self.theta = np.zeros(2 * self.max_depth + 2)
+        # the prior's mean: 0 is q k/(k + 1) (the module docstring), a FlipPrior's theta is a fit on earlier runs
+        size = 2 * self.max_depth + 2
+        mean = np.zeros(size) if prior_mean is None else np.asarray(prior_mean, dtype=np.float64)
+        if mean.shape != (size,) or not np.all(np.isfinite(mean)):
+            raise ValueError(f"prior_mean must hold {size} finite numbers (2 x max_depth cells, 2 slopes)")
+        self.prior_mean = mean
+        self.theta = mean.copy()
         self.steps_seen = 0
         # one row per observed anchor: success (0/1), q from V~, depth bin, continuations, flips, age in steps
         self._rows = np.zeros((0, 6))
@@ -157,8 +174,8 @@ class FlipCalibrator:
 
     def _fit(self) -> np.ndarray:
         """MAP theta on the rows (always from the prior mean, so a restored state refits to the same numbers)."""
-        prec = self._precision()
-        theta = np.zeros_like(prec)
+        prec, mean = self._precision(), self.prior_mean
+        theta = mean.copy()
         if not len(self._rows):
             return theta
         success, q, dbin, k, f, age = self._rows.T
@@ -167,12 +184,12 @@ class FlipCalibrator:
 
         def objective(t: np.ndarray) -> float:
             eta = offset + x @ t
-            return float(np.sum(w * (k * np.logaddexp(0.0, eta) - f * eta)) + 0.5 * np.sum(prec * t * t))
+            return float(np.sum(w * (k * np.logaddexp(0.0, eta) - f * eta)) + 0.5 * np.sum(prec * (t - mean) ** 2))
 
         value = objective(theta)
         for _ in range(MAX_NEWTON):
             p = _expit(offset + x @ theta)
-            grad = x.T @ (w * (k * p - f)) + prec * theta
+            grad = x.T @ (w * (k * p - f)) + prec * (theta - mean)
             hess = (x * (w * k * p * (1.0 - p))[:, None]).T @ x + np.diag(prec)
             step = -np.linalg.solve(hess, grad)
             t = 1.0
@@ -190,14 +207,17 @@ class FlipCalibrator:
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """What a checkpoint needs (JSON-safe: floats written by json round-trip exactly)."""
+        settings = {
+            "kappa": self.kappa,
+            "sigma_cell": self.sigma_cell,
+            "sigma_slope": self.sigma_slope,
+            "half_life": self.half_life,
+            "max_depth": self.max_depth,
+        }
+        if np.any(self.prior_mean != 0):  # only with a fitted prior: checkpoints from before it still load
+            settings["prior_mean"] = self.prior_mean.tolist()
         return {
-            "settings": {
-                "kappa": self.kappa,
-                "sigma_cell": self.sigma_cell,
-                "sigma_slope": self.sigma_slope,
-                "half_life": self.half_life,
-                "max_depth": self.max_depth,
-            },
+            "settings": settings,
             "steps_seen": self.steps_seen,
             "rows": self._rows.tolist(),
             "theta": self.theta.tolist(),
@@ -234,10 +254,121 @@ def flip_observations(trees: Iterable[RolloutTree]) -> tuple[np.ndarray, ...]:
     )
 
 
-def make_flip_model(kind: str) -> FlipCalibrator | None:
-    """The flip model of the setting `predictor.flip_model`: None for raw (q from V~), else the layer."""
+@dataclass(frozen=True)
+class FlipPrior:
+    """The layer's prior, fitted on earlier runs' flips (`fit_flip_prior`, `bench/fit_flip_prior.py`): its mean
+    (theta, the cells' offsets then the two slopes), its spread (the sigmas the layer is built with) and what the
+    fit saw per cell (continuations and flips; cells in `FlipCalibrator`'s order: after a failure depths 1..D,
+    then after a success). Stored as a small JSON file, read by `predictor.flip_prior`."""
+
+    theta: tuple[float, ...]
+    sigma_cell: float
+    sigma_slope: float
+    continuations: tuple[int, ...]
+    flips: tuple[int, ...]
+    runs: tuple[str, ...] = ()  # what it was fitted on (for the reader; nothing reads it)
+    kappa: float = 1.0
+    max_depth: int = 4
+
+    def __post_init__(self):
+        _positive("kappa", self.kappa)
+        _positive("sigma_cell", self.sigma_cell)
+        _positive("sigma_slope", self.sigma_slope)
+        FlipCalibrator(kappa=self.kappa, max_depth=self.max_depth, prior_mean=self.theta)  # checks theta's size
+        cells = 2 * self.max_depth
+        if len(self.continuations) != cells or len(self.flips) != cells:
+            raise ValueError(f"continuations and flips must hold one count per cell ({cells})")
+
+    def layer(self, half_life: float = 16.0) -> FlipCalibrator:
+        """A fresh layer under this prior: before any data it predicts the prior's probabilities."""
+        return FlipCalibrator(
+            self.kappa, self.sigma_cell, self.sigma_slope, half_life, self.max_depth, prior_mean=self.theta
+        )
+
+    def to_dict(self) -> dict:
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, doc) -> "FlipPrior":
+        """The prior of a `to_dict` document; wrong or missing keys, or bad values, are refused in one line."""
+        names = {f.name for f in fields(cls)}
+        required = {"theta", "sigma_cell", "sigma_slope", "continuations", "flips"}
+        if not isinstance(doc, dict):
+            raise ValueError(f"a flip prior is a JSON object with the keys {', '.join(sorted(names))}")
+        if missing := sorted(required - doc.keys()):
+            raise ValueError(f"the flip prior lacks {', '.join(missing)} (bench/fit_flip_prior.py writes them)")
+        if unknown := sorted(doc.keys() - names):
+            raise ValueError(
+                f"the flip prior has unknown keys {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
+            )
+        try:
+            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"the flip prior is malformed: {err}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FlipPrior":
+        """The prior in the JSON file `path`; one line for a missing or unreadable file or a wrong document."""
+        if not Path(path).is_file():
+            raise ValueError(f"no file {path} (bench/fit_flip_prior.py writes one)")
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path} is not a JSON file: {err}") from None
+        try:
+            return cls.from_dict(doc)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+
+def fit_flip_prior(
+    runs: Sequence[tuple[np.ndarray, ...]],
+    sigma_cell: float,
+    sigma_slope: float,
+    names: Sequence[str] = (),
+    kappa: float = 1.0,
+    max_depth: int = 4,
+) -> FlipPrior:
+    """The prior fitted on earlier runs' chosen anchors: each run's (reward, V~, depth, continuations, flips), as
+    `FlipCalibrator.observe` takes them, all pooled and fitted once by the layer's own MAP fit (around the q k/(k
+    + 1) prior, every row at weight 1: no ageing, a run's early and late steps count alike). The spread the
+    layer will hold it with is the caller's (`bench/fit_flip_prior.py` says how it was chosen)."""
+    if not runs:
+        raise ValueError("fit_flip_prior needs at least one run's anchors")
+    pooled = [np.concatenate([np.asarray(run[i]) for run in runs]) for i in range(5)]
+    layer = FlipCalibrator(kappa=kappa, max_depth=max_depth)
+    layer.observe(*pooled)  # one observe: every row at age 0, weight 1
+    success, _, dbin = layer._inputs(*pooled[:3])
+    cell = success.astype(np.int64) * max_depth + dbin
+    counts = np.bincount(cell, weights=pooled[3], minlength=2 * max_depth)
+    flips = np.bincount(cell, weights=pooled[4], minlength=2 * max_depth)
+    return FlipPrior(
+        theta=tuple(float(x) for x in layer.theta),
+        sigma_cell=float(sigma_cell),
+        sigma_slope=float(sigma_slope),
+        continuations=tuple(int(x) for x in counts),
+        flips=tuple(int(x) for x in flips),
+        runs=tuple(str(n) for n in names),
+        kappa=float(kappa),
+        max_depth=int(max_depth),
+    )
+
+
+def make_flip_model(kind: str, prior: str = "") -> FlipCalibrator | None:
+    """The flip model of the settings `predictor.flip_model` and `predictor.flip_prior`: None for raw (q from
+    V~), else the layer, around q k/(k + 1) or, given a prior file, around that prior."""
+    if kind not in FLIP_MODELS:
+        raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {kind!r}")
+    if prior and kind != "calibrated":
+        raise ValueError(f"predictor.flip_prior: only predictor.flip_model=calibrated reads it (it is {kind})")
     if kind == "raw":
         return None
-    if kind == "calibrated":
+    if not prior:
         return FlipCalibrator()
-    raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {kind!r}")
+    try:
+        return FlipPrior.load(prior).layer()
+    except ValueError as err:
+        raise ValueError(f"predictor.flip_prior: {err}") from None

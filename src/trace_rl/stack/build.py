@@ -148,11 +148,13 @@ def build_engine(
     prefix_share: float,
     executor=None,
     flip_model: str = "raw",
+    flip_prior: str = "",
 ) -> TreeRolloutEngine:
     """The one TRACE step around `actor` and `predictor` at `budget`; trees grow on `executor` (one from
     `rollout.engine.make_executor`, shared by every engine of a run; None: asyncio in this process); stage 2
-    reads its flip probability as `flip_model` says (`predictor.flip_model`: raw or calibrated). With no
-    predictor and no budget, an engine that only evaluates."""
+    reads its flip probability as `flip_model` says (`predictor.flip_model`: raw or calibrated), the calibrated
+    layer around `flip_prior` (`predictor.flip_prior`: a prior file, or "" for q/2). With no predictor and no
+    budget, an engine that only evaluates."""
     return TreeRolloutEngine(
         actor,
         predictor,
@@ -160,7 +162,7 @@ def build_engine(
         seed=seed,
         prefix_share=prefix_share,
         executor=executor,
-        flip_model=make_flip_model(flip_model),
+        flip_model=make_flip_model(flip_model, flip_prior),
     )
 
 
@@ -197,6 +199,7 @@ class LMStack:
         *,
         prefix_share: float = PREFIX_SHARE,
         flip_model: str = "raw",
+        flip_prior: str = "",
     ) -> TreeRolloutEngine:
         """A TRACE engine on a fresh actor of this policy (one per method of `rollout`): it grows trees with
         `predictor` at `budget` on the stack's executor, and evaluates (`evaluate`); without a predictor and a
@@ -210,6 +213,7 @@ class LMStack:
             prefix_share=prefix_share,
             executor=self.executor,
             flip_model=flip_model,
+            flip_prior=flip_prior,
         )
 
     def close(self) -> None:

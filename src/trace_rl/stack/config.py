@@ -34,7 +34,7 @@ from ..backends.vllm_weights import WEIGHT_SYNCS
 from ..errors import ConfigError
 from ..methods import BudgetPlan
 from ..predictors.build import CRITIC_EPOCHS, CRITIC_LR, GP_ENCODERS
-from ..predictors.flip import FLIP_MODELS
+from ..predictors.flip import FLIP_MODELS, make_flip_model
 from ..rollout.engine import check_executor
 from ..rollout.lm_actor import BATCHING
 from ..rollout.ray_executor import RayConfig
@@ -197,6 +197,9 @@ class LMPredictorConfig:
     # raw: q = r(1 - V~) + (1 - r)V~; calibrated: a layer fitted online on the flips continuations realised, per
     # bare outcome and depth (predictors/flip.py)
     flip_model: str = "raw"  # stage 2's flip probability: raw (from V~ alone) | calibrated (fitted on flips)
+    # the calibrated layer's prior: "" is q/2 (task-agnostic); a JSON file of bench/fit_flip_prior.py is a fit on
+    # earlier runs' flips, which carries the first steps (docs/results/2026-12-02-flip-prior.md)
+    flip_prior: str = ""  # a flip prior file (bench/fit_flip_prior.py), read with flip_model=calibrated
 
     def __post_init__(self):
         if self.gp_encoder not in GP_ENCODERS:
@@ -204,6 +207,11 @@ class LMPredictorConfig:
         check_prefix_share(self.prefix_share)
         if self.flip_model not in FLIP_MODELS:
             raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {self.flip_model!r}")
+        if self.flip_prior:  # read here too, so a bad file stops the command before any model loads
+            try:
+                make_flip_model(self.flip_model, self.flip_prior)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         from ..lm.models import MINILM, SMOLLM2
 
         check_predictor_kind(self.kind, critics=(MINILM, SMOLLM2))

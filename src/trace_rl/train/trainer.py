@@ -377,7 +377,11 @@ def build_run(cfg: TrainConfig, ckpt, identity: dict, config_yaml: str) -> Train
     if config_yaml:
         (out / "config.yaml").write_text(config_yaml + start_comment(start_model))
     engine = stack.engine(
-        predictor, trace.budget, prefix_share=trace.predictor.prefix_share, flip_model=cfg.predictor.flip_model
+        predictor,
+        trace.budget,
+        prefix_share=trace.predictor.prefix_share,
+        flip_model=cfg.predictor.flip_model,
+        flip_prior=cfg.predictor.flip_prior,
     )
     if engine.flip_model is not None and state.flip_model:  # a resumed run's layer, as it was saved
         engine.flip_model.load_state_dict(state.flip_model)
