@@ -194,3 +194,18 @@ def test_eval_refuses_a_prompt_longer_than_the_model_before_generating(tmp_path,
     assert main(["eval", "env=calculator", f"policy.model={tmp_path / 'short'}", "limit=1"]) == 2
     err = capsys.readouterr().err
     assert "positions" in err and "max_new_tokens" in err and len(err.strip().splitlines()) == 1
+
+
+def test_rollout_hands_the_flip_prior_to_stage_2(sft_model, tmp_path, monkeypatch):
+    """`rollout` builds stage 2's layer from predictor.flip_prior as `train` does (it once dropped the setting)."""
+    from trace_rl.predictors.flip import FlipPrior
+    from trace_rl.stack import build
+
+    FlipPrior(tuple([0.0] * 10), 0.5, 0.25, continuations=(3,) * 8, flips=(1,) * 8).save(tmp_path / "prior.json")
+    seen, make = [], build.make_flip_model
+    monkeypatch.setattr(build, "make_flip_model", lambda *a, **k: seen.append(a) or make(*a, **k))
+    argv = ["rollout", f"policy.model={sft_model}", "methods=trace", "steps=1", "budget.prompts=2",
+            "budget.rollouts_per_prompt=4", "policy.max_new_tokens=8", "progress=false", f"out={tmp_path / 'r'}",
+            "predictor.flip_model=calibrated", f"predictor.flip_prior={tmp_path / 'prior.json'}"]  # fmt: skip
+    assert main(argv) == 0
+    assert seen == [("calibrated", str(tmp_path / "prior.json"))]

@@ -81,6 +81,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
                 trace.budget,
                 prefix_share=trace.predictor.prefix_share,
                 flip_model=cfg.predictor.flip_model,
+                flip_prior=cfg.predictor.flip_prior,
             )
             loop = RunLoop(
                 engine,
