@@ -13,12 +13,10 @@ pools and the same random streams: every random draw of a step comes from the ru
 (`seeding`), and the backend's caches are emptied at the start of each step, so the steps after a resume produce
 the metrics of an uninterrupted run (all but timing).
 
-What a paired comparison reads (`trace-rl compare`): the accuracy before training goes into the first step's
-record (`eval/accuracy_before`, so plots start at 0 rollouts) and the summary; every evaluation also logs two
-standard errors (`accuracy_se`), over tasks and of the sampling alone on the fixed held-out set; the summary
-holds digests of the held-out tasks and of the training pools, which depend on the seed only, so runs of
-different methods on one seed can be checked to share them. Each step appends the predictor's scored nodes to
-predictions.jsonl (`trace-rl diagnose`).
+For `trace-rl compare`: the accuracy before training is in the first step's record (`eval/accuracy_before`) and
+the summary; each evaluation logs standard errors over tasks and of the sampling alone (`accuracy_se`); the
+summary holds digests of the held-out tasks and training pools (seed-only), so runs on one seed can be checked to
+share them. Each step appends the predictor's scored nodes to predictions.jsonl (`trace-rl diagnose`).
 """
 
 from __future__ import annotations
