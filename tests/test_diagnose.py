@@ -13,6 +13,7 @@ from trace_rl.diagnose import (
     format_diagnosis,
     format_p,
 )
+from trace_rl.predictors.calibration import gap_verdict
 from trace_rl.predictors.diagnostics import spearman, spearman_rho, step_diagnostics, summarize_records
 from trace_rl.tree import RolloutTree
 
@@ -219,7 +220,12 @@ def test_diagnose_prints_and_draws_the_calibration_of_a_fixture_run(tmp_path):
     block = next(b for b in text.split("\n\n") if b.startswith("trace: flips of the prefixes stage 2 chose"))
     line = next(x for x in block.splitlines() if x.startswith("prefixes") and " run " in x)
     # chosen .. all anchors; the fixture's records predate flip_pred, so q of V~ is what stage 2 allocated on
-    assert line.split()[1:] == ["run", "8", "12", "0.333", "0.333", "0.000", "0.667", "0.300"]
+    lo, hi = flips["real_lo"], flips["real_hi"]
+    assert 0.0 < lo < 2 / 3 < hi < 1.0  # 12 continuations: the interval says what they can show
+    assert line.split()[1:] == ["run", "8", "12", "0.333", "0.333", "0.000", "0.667", f"[{lo:.3f},", f"{hi:.3f}]"] + [
+        *gap_verdict(1 / 3, lo, hi).split(),
+        "0.300",
+    ]
     assert "flips by predicted q" in text and "grpo: reliability bins over the run" in text
 
 

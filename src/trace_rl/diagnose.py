@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .plots import grid_shape, plot_panels
-from .predictors.calibration import calibration_tables, depth_names
+from .predictors.calibration import calibration_tables, depth_names, gap_verdict
 from .predictors.diagnostics import flip_rows, spearman_rho, summarize_records
 
 CALIBRATION_PNG = "calibration_by_depth.png"
@@ -46,6 +46,7 @@ RELIABILITY_PNG = "reliability.png"
 NO_MATPLOTLIB = "plots skipped: matplotlib is not installed (pip install 'trace-rl[plots]')"
 MIN_PER_DEPTH = 10  # fewer predictions at a depth than this draw no calibration line
 MIN_PER_BIN = 3  # a calibration point needs this many predictions in its bin
+FLIP_GAP_BOUND = 0.05  # |predicted - realised| flip share the tables test per depth bin
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -345,6 +346,8 @@ def format_calibration(diagnosis: Diagnosis) -> str:
                             _num(f.get("raw", f["pred"])),
                             _num(f["recal"]),
                             _num(f["real"]),
+                            f"[{f['real_lo']:.3f}, {f['real_hi']:.3f}]",
+                            gap_verdict(f["pred"], f["real_lo"], f["real_hi"], FLIP_GAP_BOUND),
                             _num(f["anchors_pred"]),
                         ]
                     )
@@ -358,6 +361,8 @@ def format_calibration(diagnosis: Diagnosis) -> str:
                 "q of V~",
                 "V~ recal.",
                 "realised",
+                "95% interval",
+                f"gap <= {FLIP_GAP_BOUND}",
                 "all anchors",
             ]
             blocks.append(
@@ -365,8 +370,9 @@ def format_calibration(diagnosis: Diagnosis) -> str:
                     [
                         f"{method}: flips of the prefixes stage 2 chose (predicted: the q stage 2 allocated on; q of "
                         "V~: 1 - V~ after a success, V~ after a failure, the same unless predictor.flip_model="
-                        "calibrated; V~ recal.: q of V~ with V~ mapped to its bin's realised success; all anchors: "
-                        "mean predicted q of every anchor)",
+                        "calibrated; V~ recal.: q of V~ with V~ mapped to its bin's realised success; gap <= b: "
+                        "holds / misses when the realised share's interval lies within / beyond b of the prediction, "
+                        "too few when the continuations cannot tell; all anchors: mean predicted q of every anchor)",
                         *_table(header, rows),
                     ]
                 )

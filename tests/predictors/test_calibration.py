@@ -10,6 +10,8 @@ from trace_rl.predictors.calibration import (
     calibration_tables,
     depth_names,
     ece,
+    flip_share_interval,
+    gap_verdict,
     reliability,
     step_calibration,
     summary,
@@ -90,13 +92,18 @@ def test_tables_of_a_hand_built_tree():
             "raw": 0.3,  # no flip_pred on the nodes: stage 2 read q from V~
             "recal": 0.0,
             "real": 0.5,
+            "real_lo": flip_share_interval([1], [2])[0],  # one anchor: Wilson's on its two continuations
+            "real_hi": flip_share_interval([1], [2])[1],
             "anchors_pred": (0.3 + 0.2) / 2,
         }
     )
     # a1b after a failure: q = V~ = 0.4, one continuation, one flip; its bin realised 0, so recal q = 0
+    lo, hi = flip_share_interval([1], [1])
     assert f2 == pytest.approx(
         {"chosen": 1, "continuations": 1, "pred": 0.4, "raw": 0.4, "recal": 0.0, "real": 1.0, "anchors_pred": 0.4}
+        | {"real_lo": lo, "real_hi": hi}
     )
+    assert 0.2 < lo < 0.21 and hi == 1.0  # one flip in one continuation: Wilson's [0.207, 1]
     assert fall["continuations"] == 3 and fall["pred"] == pytest.approx((0.3 * 2 + 0.4) / 3)
     assert fall["real"] == pytest.approx(2 / 3) and fall["anchors_pred"] == pytest.approx(0.3)
     assert [(b["lo"], b["n"], b["real"]) for b in tab["flips_by_q"]] == [(0.3, 2, 0.5), (0.4, 1, 1.0)]
@@ -160,3 +167,48 @@ def test_recalibration_closes_a_gap_that_is_miscalibration():
     assert tab["prefixes"]["all"]["ece"] == pytest.approx(0.3, abs=0.01)
     assert flips["pred"] == 0.5 and flips["real"] == pytest.approx(0.32, abs=0.015)
     assert flips["recal"] == pytest.approx(flips["real"], abs=0.015)
+
+
+def test_flip_share_interval_is_wilsons_on_independent_continuations():
+    # 5 flips in 10 single continuations: Wilson's 95% interval is [0.2366, 0.7634] (textbook value); 0 of 20 keeps a
+    # non-empty interval (a bin with no flip does not prove a rate of 0)
+    lo, hi = flip_share_interval(np.r_[np.ones(5), np.zeros(5)], np.ones(10))
+    assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    lo, hi = flip_share_interval(np.zeros(20), np.ones(20))
+    assert lo == 0.0 and hi == pytest.approx(3.8415 / (20 + 3.8415), abs=1e-4)
+    assert flip_share_interval([], []) == (0.0, 1.0)
+
+
+def test_flip_share_interval_widens_when_an_anchors_continuations_agree():
+    # 40 anchors x 3 continuations, 60 flips: all-or-nothing per anchor is worth 40 draws, not 120
+    c = np.full(40, 3.0)
+    together = flip_share_interval(np.r_[np.full(20, 3.0), np.zeros(20)], c)
+    spread = flip_share_interval(np.r_[np.full(20, 1.0), np.full(20, 2.0)], c)
+    independent = flip_share_interval(np.r_[np.ones(60), np.zeros(60)], np.ones(120))
+    assert together[1] - together[0] > 1.5 * (independent[1] - independent[0])
+    assert spread == pytest.approx(independent, abs=0.02)  # less spread than binomial: never narrower than Wilson's
+
+
+def test_flip_share_interval_covers_the_true_rate_about_95_percent_of_the_time():
+    rng = np.random.default_rng(0)
+    covered = 0
+    # depth bins of 30-150 anchors with 1-5 continuations and anchor-level rates around 0.25, spread enough that an
+    # interval that ignored the anchors (plain Wilson on continuations) would cover about 87% of the time
+    for _ in range(2000):
+        k = int(rng.integers(30, 150))
+        c = rng.integers(1, 6, size=k).astype(float)
+        p = rng.beta(0.5, 1.5, size=k)
+        f = rng.binomial(c.astype(int), p).astype(float)
+        lo, hi = flip_share_interval(f, c)
+        covered += lo <= 0.25 <= hi
+    assert 0.93 <= covered / 2000 <= 0.97
+
+
+def test_gap_verdict_says_what_a_bin_of_its_size_can_show():
+    # a depth bin of 62 continuations realising 0.32 where 0.22 was predicted cannot say whether the gap is under 5
+    lo, hi = flip_share_interval(np.r_[np.ones(20), np.zeros(42)], np.ones(62))
+    assert gap_verdict(0.22, lo, hi) == "too few"
+    big = np.ones(2000)
+    lo, hi = flip_share_interval(np.r_[np.ones(640), np.zeros(1360)], big)  # 0.32 on 2,000
+    assert gap_verdict(0.22, lo, hi) == "misses" and gap_verdict(0.32, lo, hi) == "holds"
+    assert gap_verdict(0.40, lo, hi) == "misses" and gap_verdict(0.34, lo, hi, bound=0.01) == "too few"

@@ -28,6 +28,15 @@ anchors where that term is largest. So a flip gap beside a small prefix ECE (and
 points to what the features cannot see, not to a miscalibrated V~; a gap that `recal` closes points to
 calibration.
 
+How many continuations a bin needs before a bound on its gap can be read (`flip_share_interval`,
+`gap_verdict`). A depth bin of a run holds tens to hundreds of continuations, and continuations from one anchor
+share their prefix, so the realised share carries sampling noise of several points: at a share of 0.3, 62
+continuations give a 95% half-width of about 11 points. The interval is Wilson's on the continuations, widened
+by the design effect of clustering by anchor (the anchors' ratio-estimator variance over the binomial one, at
+least 1). A bound |predicted - realised| <= b is then read three ways: `holds` (the whole interval within b of the
+prediction), `misses` (the whole interval beyond b) or `too few` (the data allow both); "every bin within b"
+can only be claimed of bins that hold, and refuted by one that misses.
+
 Bins are equal-width (10 by default; a prediction of exactly 1 goes to the last); ECE = sum over bins of
 (n_b / n) |mean predicted - mean realised|, weighted by samples. On few samples ECE is biased upwards (noise
 alone makes each bin's gap positive): read a step's ECE beside its n. A reward counts as a success above 0.5,
@@ -125,10 +134,41 @@ def flip_prob(bare_reward, v) -> np.ndarray:
     return r * (1 - v) + (1 - r) * v
 
 
+def flip_share_interval(flips, continuations, z: float = 1.96) -> tuple[float, float]:
+    """95% interval (z = 1.96) of sum(flips) / sum(continuations) over anchors (one entry per chosen anchor):
+    Wilson's score interval on n / deff continuations, deff = max(1, clustered variance / binomial variance)."""
+    f = np.asarray(flips, dtype=np.float64)
+    c = np.asarray(continuations, dtype=np.float64)
+    n = c.sum()
+    if f.shape != c.shape or n <= 0:
+        return (0.0, 1.0)
+    share = f.sum() / n
+    binom = share * (1.0 - share) / n
+    deff = 1.0
+    if c.size > 1 and binom > 0:
+        clustered = float(((f - share * c) ** 2).sum()) / n**2  # equals the binomial one for single continuations
+        deff = max(1.0, clustered / binom)
+    m = n / deff
+    centre = (share + z * z / (2 * m)) / (1 + z * z / m)
+    half = z / (1 + z * z / m) * np.sqrt(share * (1 - share) / m + z * z / (4 * m * m))
+    return (float(max(0.0, centre - half)), float(min(1.0, centre + half)))
+
+
+def gap_verdict(pred: float, lo: float, hi: float, bound: float = 0.05) -> str:
+    """'holds' if the realised interval [lo, hi] lies within `bound` of pred, 'misses' if it lies wholly beyond
+    it, 'too few' otherwise (the module docstring)."""
+    if pred - bound <= lo and hi <= pred + bound:
+        return "holds"
+    if lo > pred + bound or hi < pred - bound:
+        return "misses"
+    return "too few"
+
+
 def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bins: int = 10) -> dict:
     """The three measurements of the module docstring over `records`:
     {"roots": summary, "prefixes": {depth name or "all": summary},
-     "flips": {depth name or "all": {chosen, continuations, pred, raw, recal, real, anchors_pred}},
+     "flips": {depth name or "all": {chosen, continuations, pred, raw, recal, real, real_lo, real_hi,
+     anchors_pred}} (real_lo, real_hi: `flip_share_interval`),
      "flips_by_q": reliability rows of q against the flip share, weighted by continuations}.
     A piece with no samples is left out."""
     names = depth_names(max_depth)
@@ -165,6 +205,7 @@ def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bin
         if not chosen.any():
             continue
         w = cont[chosen]
+        lo, hi = flip_share_interval(flips[chosen], w)
         out["flips"][name] = {
             "chosen": int(chosen.sum()),
             "continuations": int(w.sum()),
@@ -172,6 +213,8 @@ def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bin
             "raw": float((q_raw[chosen] * w).sum() / w.sum()),
             "recal": float((q_recal[chosen] * w).sum() / w.sum()),
             "real": float(flips[chosen].sum() / w.sum()),
+            "real_lo": lo,
+            "real_hi": hi,
             "anchors_pred": float(q[sel].mean()),
         }
     chosen = cont > 0
