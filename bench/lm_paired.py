@@ -16,6 +16,9 @@ token total), each with a paired percentile-bootstrap 95% interval over the pair
 effective ratios, and the per-warm-start means of the final difference (a sign shared by every warm start is what
 the protocol asks for).
 With --plot FILE.png, the accuracy curves against rollouts (the mean over pairs and their min-max band).
+With --drivers, which per-run statistic tracks the accuracy gain across the listed methods: each statistic and the
+gain are centred within each pair (so warm start and seed drop out and only the method's effect is left), then
+their Pearson correlation over the runs, with a 95% bootstrap interval over pairs, and the slope of gain on it.
 The figures come from `trace_rl.train.compare` and `trace_rl.rollout.report`, the functions compare's table uses.
 """
 
@@ -114,12 +117,59 @@ def pair_row(a: str, b: str, runs: dict[str, dict[str, dict]]) -> dict:
     }
 
 
+# per-run statistics --drivers sets against the accuracy gain: name -> function of a run's step records
+DRIVERS = {
+    "effective ratio": lambda recs: np.mean([r["rollout/effective_ratio"] for r in recs]),
+    "mixed prompts a step": lambda recs: np.mean(
+        [r["rollout/effective_ratio"] * r["alloc/active_prompts"] for r in recs if "alloc/active_prompts" in r]
+    ),
+    "prompts a step": lambda recs: np.mean([r["alloc/active_prompts"] for r in recs if "alloc/active_prompts" in r]),
+    "contrast groups a step": lambda recs: np.mean([r.get("rollout/contrast_groups", 0) for r in recs]),
+    "tokens (k)": lambda recs: sum(r["rollout/generated_tokens"] for r in recs) / 1000,
+}
+
+
+def drivers(runs: dict[str, dict[str, dict]], resamples: int = 2000, seed: int = 0) -> list[dict]:
+    """One row per statistic of DRIVERS: within-pair Pearson r with the gain over every run of `runs` (the
+    methods' runs on their common pairs), its percentile-bootstrap interval over pairs, and the slope."""
+    pairs = sorted(next(iter(runs.values())))
+    gain = np.array([[runs[m][p]["accuracy_after"] - runs[m][p]["accuracy_before"] for m in runs] for p in pairs])
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(pairs), size=(resamples, len(pairs)))
+    rows = []
+    for name, stat in DRIVERS.items():
+        x = np.array([[stat(runs[m][p]["records"]) for m in runs] for p in pairs], dtype=float)
+
+        def fit(idx: np.ndarray, x: np.ndarray = x) -> tuple[float, float]:
+            xc = (x[idx] - x[idx].mean(axis=1, keepdims=True)).ravel()
+            yc = (gain[idx] - gain[idx].mean(axis=1, keepdims=True)).ravel()
+            sx, sy = np.sqrt((xc * xc).sum()), np.sqrt((yc * yc).sum())
+            if sx == 0 or sy == 0:
+                return float("nan"), float("nan")
+            return float((xc * yc).sum() / (sx * sy)), float((xc * yc).sum() / (sx * sx))
+
+        r, slope = fit(np.arange(len(pairs)))
+        boot = np.array([fit(d)[0] for d in draws])
+        boot = boot[np.isfinite(boot)]
+        lo, hi = np.percentile(boot, [2.5, 97.5]) if boot.size else (float("nan"),) * 2
+        rows.append(
+            {
+                "statistic": name,
+                "within-pair r with gain": f"{r:+.2f} [{lo:+.2f}, {hi:+.2f}]",
+                "gain points per unit": f"{100 * slope:+.3f}",
+                "mean by method": ", ".join(f"{m} {x[:, j].mean():.2f}" for j, m in enumerate(runs)),
+            }
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="a trace-rl compare output directory")
     parser.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), required=True, help="print A - B")
     parser.add_argument("--tuning", action="store_true", help="also use tuning seeds (below 100)")
     parser.add_argument("--plot", type=Path, help="also draw held-out accuracy against rollouts (PNG), seed bands")
+    parser.add_argument("--drivers", action="store_true", help="also: which per-run statistic tracks the gain")
     args = parser.parse_args(argv)
     if not args.out.is_dir():
         raise SystemExit(f"{args.out}: not a directory (give a trace-rl compare output directory)")
@@ -132,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table([pair_row(a, b, runs) for a, b in pairs], right_align=False))
     print("\nmean [95% interval]: t over pairs per method, paired percentile bootstrap per difference")
+    if args.drivers:
+        n_pairs = len(next(iter(runs.values())))
+        print(f"\nwhat tracks the gain over {len(methods)} methods x {n_pairs} pairs (centred within pairs):")
+        print(format_table(drivers(runs), right_align=False))
     if args.plot:
         from trace_rl.plots import plot_metric
         from trace_rl.rollout.report import cost_points

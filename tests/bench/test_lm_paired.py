@@ -95,3 +95,23 @@ def test_refusals(study, tmp_path):
     runs = {"a": {"seed100": {}}, "b": {"seed101": {}}}
     with pytest.raises(SystemExit, match="share no finished pair"):
         lm_paired.pair_row("a", "b", runs)
+
+
+def test_drivers_centre_within_pairs_by_hand(study):
+    runs, _ = lm_paired.common_pairs(lm_paired.load(study, ["trace:grpo", "grpo"], tuning=False))
+    rows = {r["statistic"]: r for r in lm_paired.drivers(runs, resamples=200)}
+    # within every pair trace:grpo has the lower effective ratio (0.25 vs 0.5) and the larger gain; centred, x is
+    # -/+0.125 in each pair and the gain -/+0.05, 0.02, 0.05: r = -0.03 / sqrt(6 * 0.125**2 * 2 * 0.0054) = -0.943;
+    # the slope -0.03 / 0.09375 = -0.32 is the mean gain difference over the ratio difference, -0.08 / 0.25
+    er = rows["effective ratio"]
+    assert er["within-pair r with gain"].startswith("-0.94 [")
+    assert er["gain points per unit"] == f"{100 * -0.08 / 0.25:+.3f}"
+    assert er["mean by method"] == "trace:grpo 0.25, grpo 0.50"
+    # prompts a step is 4 for every run: nothing to correlate, said as nan rather than a number
+    assert rows["prompts a step"]["within-pair r with gain"].startswith("+nan")
+
+
+def test_main_prints_the_drivers_table(study, capsys):
+    assert lm_paired.main([str(study), "--pair", "trace_adv-grpo", "grpo", "--drivers"]) == 0
+    out = capsys.readouterr().out
+    assert "what tracks the gain over 2 methods x 3 pairs" in out and "mixed prompts a step" in out
