@@ -126,7 +126,17 @@ DRIVERS = {
     "prompts a step": lambda recs: np.mean([r["alloc/active_prompts"] for r in recs if "alloc/active_prompts" in r]),
     "contrast groups a step": lambda recs: np.mean([r.get("rollout/contrast_groups", 0) for r in recs]),
     "tokens (k)": lambda recs: sum(r["rollout/generated_tokens"] for r in recs) / 1000,
+    # how far each update moved the policy, and how often update.max_update_kl had to scale a step back
+    "update KL a step (x1e3)": lambda recs: 1000 * _mean_of(recs, "train/update_kl"),
+    "steps the KL bound scaled": lambda recs: _mean_of(
+        [{"s": float(r["train/update_scale"] < 1)} for r in recs if "train/update_scale" in r], "s"
+    ),
 }
+
+
+def _mean_of(recs: list[dict], key: str) -> float:
+    vals = [r[key] for r in recs if key in r]
+    return float(np.mean(vals)) if vals else float("nan")
 
 
 def drivers(runs: dict[str, dict[str, dict]], resamples: int = 2000, seed: int = 0) -> list[dict]:

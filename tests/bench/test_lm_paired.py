@@ -30,6 +30,8 @@ def _write_run(out: Path, method_dir: str, pair: str, seed: int, before: float, 
             "rollout/flips": 1,
             "rollout/contrast_groups": 2,
             "alloc/active_prompts": 4,
+            "train/update_kl": 0.002,
+            "train/update_scale": 1.0 if er == 0.5 else 0.5,  # the KL bound scaled every step of the er-0.25 runs
             "train/rollouts_total": 10 * (k + 1),
             "eval/accuracy": acc,
         }
@@ -109,6 +111,9 @@ def test_drivers_centre_within_pairs_by_hand(study):
     assert er["mean by method"] == "trace:grpo 0.25, grpo 0.50"
     # prompts a step is 4 for every run: nothing to correlate, said as nan rather than a number
     assert rows["prompts a step"]["within-pair r with gain"].startswith("+nan")
+    assert rows["update KL a step (x1e3)"]["mean by method"] == "trace:grpo 2.00, grpo 2.00"
+    assert rows["steps the KL bound scaled"]["mean by method"] == "trace:grpo 1.00, grpo 0.00"
+    assert rows["steps the KL bound scaled"]["within-pair r with gain"].startswith("+0.94 [")
 
 
 def test_main_prints_the_drivers_table(study, capsys):
