@@ -125,6 +125,7 @@ DRIVERS = {
     ),
     "prompts a step": lambda recs: np.mean([r["alloc/active_prompts"] for r in recs if "alloc/active_prompts" in r]),
     "contrast groups a step": lambda recs: np.mean([r.get("rollout/contrast_groups", 0) for r in recs]),
+    "success rate of the rollouts": lambda recs: _mean_of(recs, "rollout/success_rate"),
     "tokens (k)": lambda recs: sum(r["rollout/generated_tokens"] for r in recs) / 1000,
     # how far each update moved the policy, and how often update.max_update_kl had to scale a step back
     "update KL a step (x1e3)": lambda recs: 1000 * _mean_of(recs, "train/update_kl"),
