@@ -30,7 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
-from trace_rl.rollout.report import at_equal_cost, format_interval, format_table, interval, paired_interval, run_means
+from trace_rl.rollout.report import (
+    at_equal_cost,
+    format_interval,
+    format_table,
+    interval,
+    mean_of,
+    paired_interval,
+    run_means,
+)
 from trace_rl.train.compare import FIRST_EVALUATION_SEED, curves, load_runs, mean_trained_accuracy, method_of_dir
 
 
@@ -125,19 +133,14 @@ DRIVERS = {
     ),
     "prompts a step": lambda recs: np.mean([r["alloc/active_prompts"] for r in recs if "alloc/active_prompts" in r]),
     "contrast groups a step": lambda recs: np.mean([r.get("rollout/contrast_groups", 0) for r in recs]),
-    "success rate of the rollouts": lambda recs: _mean_of(recs, "rollout/success_rate"),
+    "success rate of the rollouts": lambda recs: mean_of(recs, "rollout/success_rate"),
     "tokens (k)": lambda recs: sum(r["rollout/generated_tokens"] for r in recs) / 1000,
     # how far each update moved the policy, and how often update.max_update_kl had to scale a step back
-    "update KL a step (x1e3)": lambda recs: 1000 * _mean_of(recs, "train/update_kl"),
-    "steps the KL bound scaled": lambda recs: _mean_of(
+    "update KL a step (x1e3)": lambda recs: 1000 * mean_of(recs, "train/update_kl"),
+    "steps the KL bound scaled": lambda recs: mean_of(
         [{"s": float(r["train/update_scale"] < 1)} for r in recs if "train/update_scale" in r], "s"
     ),
 }
-
-
-def _mean_of(recs: list[dict], key: str) -> float:
-    vals = [r[key] for r in recs if key in r]
-    return float(np.mean(vals)) if vals else float("nan")
 
 
 def drivers(runs: dict[str, dict[str, dict]], resamples: int = 2000, seed: int = 0) -> list[dict]:
