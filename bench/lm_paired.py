@@ -127,11 +127,9 @@ def pair_row(a: str, b: str, runs: dict[str, dict[str, dict]]) -> dict:
 
 # per-run statistics --drivers sets against the accuracy gain: name -> function of a run's step records
 DRIVERS = {
-    "effective ratio": lambda recs: np.mean([r["rollout/effective_ratio"] for r in recs]),
-    "mixed prompts a step": lambda recs: np.mean(
-        [r["rollout/effective_ratio"] * r["alloc/active_prompts"] for r in recs if "alloc/active_prompts" in r]
-    ),
-    "prompts a step": lambda recs: np.mean([r["alloc/active_prompts"] for r in recs if "alloc/active_prompts" in r]),
+    "effective ratio": lambda recs: mean_of(recs, "rollout/effective_ratio"),
+    "mixed prompts a step": lambda recs: _mixed_per_step([{"records": recs}]),
+    "prompts a step": lambda recs: mean_of(recs, "alloc/active_prompts"),
     "contrast groups a step": lambda recs: np.mean([r.get("rollout/contrast_groups", 0) for r in recs]),
     "success rate of the rollouts": lambda recs: mean_of(recs, "rollout/success_rate"),
     "tokens (k)": lambda recs: sum(r["rollout/generated_tokens"] for r in recs) / 1000,

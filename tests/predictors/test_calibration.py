@@ -193,7 +193,7 @@ def test_flip_share_interval_covers_the_true_rate_about_95_percent_of_the_time()
     rng = np.random.default_rng(0)
     covered = 0
     # depth bins of 30-150 anchors with 1-5 continuations and anchor-level rates around 0.25, spread enough that an
-    # interval that ignored the anchors (plain Wilson on continuations) would cover about 87% of the time
+    # interval that ignored the anchors (plain Wilson on continuations) covers about 85% of the time
     for _ in range(2000):
         k = int(rng.integers(30, 150))
         c = rng.integers(1, 6, size=k).astype(float)
