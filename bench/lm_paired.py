@@ -15,6 +15,8 @@ difference of final accuracy, of the mean of evaluations, and at equal tokens (b
 token total), each with a paired percentile-bootstrap 95% interval over the pairs, the ratio of the mean
 effective ratios, and the per-warm-start means of the final difference (a sign shared by every warm start is what
 the protocol asks for).
+With --runs NAME=DIR, the method directory DIR of another compare output (a variant of a method run with
+other settings, so under its own `out`) is read as one more method, NAME, paired with the others by pair name.
 With --plot FILE.png, the accuracy curves against rollouts (the mean over pairs and their min-max band).
 With --drivers, which per-run statistic tracks the accuracy gain across the listed methods: each statistic and the
 gain are centred within each pair (so warm start and seed drop out and only the method's effect is left), then
@@ -42,9 +44,19 @@ from trace_rl.rollout.report import (
 from trace_rl.train.compare import FIRST_EVALUATION_SEED, curves, load_runs, mean_trained_accuracy, method_of_dir
 
 
-def load(out: Path, methods: list[str], tuning: bool) -> dict[str, dict[str, dict]]:
-    """{method: {pair: summary with records}} of the finished runs under `out`."""
-    runs = load_runs(out, methods)
+def load(
+    out: Path, methods: list[str], tuning: bool, extra: dict[str, Path] | None = None
+) -> dict[str, dict[str, dict]]:
+    """{method: {pair: summary with records}} of the finished runs under `out`; `extra` maps a name to a method
+    directory elsewhere (its <pair>/ folders), read as a method of that name (a variant compare wrote to its own
+    output directory, e.g. the same method under other settings)."""
+    extra = extra or {}
+    runs = load_runs(out, [m for m in methods if m not in extra])
+    for name, where in extra.items():
+        if not where.is_dir():
+            raise SystemExit(f"--runs {name}={where}: not a directory (give a method directory of a compare output)")
+        found = load_runs(where.parent, [method_of_dir(where.name)])
+        runs[name] = next(iter(found.values()), [])
     by_pair = {}
     for spec in methods:
         kept = [s for s in runs.get(spec, []) if tuning or s["seed"] >= FIRST_EVALUATION_SEED]
@@ -182,12 +194,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tuning", action="store_true", help="also use tuning seeds (below 100)")
     parser.add_argument("--plot", type=Path, help="also draw held-out accuracy against rollouts (PNG), seed bands")
     parser.add_argument("--drivers", action="store_true", help="also: which per-run statistic tracks the gain")
+    parser.add_argument(
+        "--runs",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="read the method directory DIR (OUT2/<method>) as a method named NAME",
+    )
     args = parser.parse_args(argv)
+    extra = {}
+    for item in args.runs:
+        name, sep, where = item.partition("=")
+        if not sep or not name or not where:
+            raise SystemExit(f"--runs {item!r}: give NAME=DIR, e.g. trace_flipcal=runs/eval_flip/trace")
+        extra[name] = Path(where)
     if not args.out.is_dir():
         raise SystemExit(f"{args.out}: not a directory (give a trace-rl compare output directory)")
-    pairs = [(method_of_dir(a), method_of_dir(b)) for a, b in args.pair]
+    pairs = [tuple(m if m in extra else method_of_dir(m) for m in p) for p in args.pair]
     methods = list(dict.fromkeys(m for p in pairs for m in p))
-    runs, dropped = common_pairs(load(args.out, methods, args.tuning))
+    runs, dropped = common_pairs(load(args.out, methods, args.tuning, extra))
     if dropped:
         print(f"left out (not finished by every method): {', '.join(dropped)}\n")
     print(format_table([method_row(m, runs[m]) for m in methods]))

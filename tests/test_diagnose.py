@@ -147,8 +147,9 @@ def test_diagnose_reads_a_compare_directory_per_method_directory(tmp_path):
     pytest.importorskip("scipy")  # p-values come from scipy (the plots extra)
     rng = np.random.default_rng(2)
     for method in ("trace", "trace_adv-grpo"):
-        for seed in (0, 1):
-            _write(tmp_path / method / f"seed{seed}" / "predictions.jsonl", _records(80, rng))  # records say "trace"
+        for pair in ("seed0", "ws2-seed0"):  # compare's pair directories, warm starts tiny@0 and tiny@2
+            _write(tmp_path / method / pair / "predictions.jsonl", _records(80, rng))  # records say "trace"
+    _write(tmp_path / "trace" / "old-seed0" / "predictions.jsonl", _records(80, rng))  # not a pair: not read
     tables = diagnose(tmp_path, max_depth=2).tables
     assert sorted(tables) == ["trace", "trace_adv-grpo"] and tables["trace"][0]["n"] == 40
 

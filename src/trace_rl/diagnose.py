@@ -21,7 +21,8 @@ halves (steps split at the median step; seeds pooled): V~ reliability at roots a
 bins, and the flips of the chosen prefixes with the recalibrated prediction and the mean q of all anchors. A
 run written before the records carried the bare outcomes has only the first set.
 
-A `trace-rl compare` directory is read per method: RUN_DIR/<method>/seed*/predictions.jsonl. Every plot comes
+A `trace-rl compare` directory is read per method, its pairs pooled: RUN_DIR/<method>/<pair>/predictions.jsonl
+(a pair is seed<k> or ws<W>-seed<k>). Every plot comes
 from predictions.jsonl alone, so none depends on how metrics.jsonl names its keys. Without matplotlib no plot
 is drawn and `Diagnosis.note` says so in one line; the tables need numpy, and SciPy for the p-values.
 `format_diagnosis` prints p-values in scientific notation below 0.001 instead of rounding them to 0.000.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +48,7 @@ RELIABILITY_PNG = "reliability.png"
 NO_MATPLOTLIB = "plots skipped: matplotlib is not installed (pip install 'trace-rl[plots]')"
 MIN_PER_DEPTH = 10  # fewer predictions at a depth than this draw no calibration line
 MIN_PER_BIN = 3  # a calibration point needs this many predictions in its bin
+PAIR_DIR = re.compile(r"(ws\d+-)?seed\d+")  # a compare run's directory (train.compare.pair_name)
 FLIP_GAP_BOUND = 0.05  # |predicted - realised| flip share the tables test per depth bin
 
 
@@ -69,8 +72,8 @@ def load_run(run_dir: str | Path) -> dict[str, list[dict]]:
     if (run / "predictions.jsonl").is_file():
         return {"": _read_jsonl(run / "predictions.jsonl")}
     seeds = sorted(run.glob("seed*/predictions.jsonl"))
-    if not seeds:  # a compare directory: <method>/seed*/
-        seeds = sorted(run.glob("*/seed*/predictions.jsonl"))
+    if not seeds:  # a compare directory: <method>/<pair>/, a pair being seed<k> or ws<W>-seed<k>
+        seeds = sorted(p for p in run.glob("*/*seed*/predictions.jsonl") if PAIR_DIR.fullmatch(p.parent.name))
         if seeds:
             # records name the allocation only; the directory also names the advantage (trace_adv-grpo)
             return {

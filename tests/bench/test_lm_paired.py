@@ -120,3 +120,19 @@ def test_main_prints_the_drivers_table(study, capsys):
     assert lm_paired.main([str(study), "--pair", "trace_adv-grpo", "grpo", "--drivers"]) == 0
     out = capsys.readouterr().out
     assert "what tracks the gain over 2 methods x 3 pairs" in out and "mixed prompts a step" in out
+
+
+def test_a_method_directory_elsewhere_is_read_under_its_own_name(study, tmp_path, capsys):
+    other = tmp_path / "variant"
+    for pair, seed in (("seed100", 100), ("ws2-seed100", 100)):  # seed101 missing: that pair is left out
+        _write_run(other, "trace_adv-grpo", pair, seed, 0.5, [0.6, 0.8], er=0.5)
+    extra = {"tg_var": other / "trace_adv-grpo"}
+    runs = lm_paired.load(study, ["tg_var", "grpo"], tuning=False, extra=extra)
+    assert sorted(runs["tg_var"]) == ["seed100", "ws2-seed100"]
+    assert lm_paired.pair_row("tg_var", "grpo", runs)["final"].startswith("+0.200 [")
+    assert lm_paired.main([str(study), "--pair", "tg_var", "grpo", "--runs", f"tg_var={other / 'trace_adv-grpo'}"]) == 0
+    assert "left out (not finished by every method): seed101" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="give NAME=DIR"):
+        lm_paired.main([str(study), "--pair", "a", "grpo", "--runs", "a"])
+    with pytest.raises(SystemExit, match="not a directory"):
+        lm_paired.load(study, ["x"], tuning=False, extra={"x": tmp_path / "nowhere"})
