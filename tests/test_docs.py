@@ -4,9 +4,9 @@ Links: every relative Markdown link or image in README.md and docs/**/*.md resol
 the repository, and a `#fragment` to a heading of the target (GitHub's anchor spelling: lower case, spaces to
 hyphens, punctuation dropped). External links (http, mailto) are not fetched.
 
-Commands: every `trace-rl CMD ...` line in a README code block names a command and only keys that the
-command's config declares (the same parser as the command line), so a renamed key shows up here. The values
-are not checked: they name paths and models that exist only where the README's reader runs them.
+Commands: every `trace-rl CMD ...` line in a code block of the README or docs/usage.md names a command and only
+keys that the command's config declares (the same parser as the command line), so a renamed key shows up here.
+The values are not checked: they name paths and models that exist only where the README's reader runs them.
 """
 
 import re
@@ -67,9 +67,9 @@ def test_the_link_check_catches_a_missing_file_and_a_missing_heading(tmp_path):
     assert broken_links(page) == ["c.md (no such file)", "b.md#nowhere (no heading #nowhere in b.md)"]
 
 
-def readme_commands() -> list[str]:
-    """Each `trace-rl ...` command of a README code block, continuation lines joined, comments dropped."""
-    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+def readme_commands(page: Path = ROOT / "README.md") -> list[str]:
+    """Each `trace-rl ...` command of a code block of `page`, continuation lines joined, comments dropped."""
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", page.read_text(), flags=re.S)
     text = "\n".join(blocks).replace("\\\n", " ")
     return [line.split("#")[0].strip() for line in text.splitlines() if line.strip().startswith("trace-rl ")]
 
@@ -82,6 +82,9 @@ def test_readme_commands_name_known_commands_and_keys():
     commands = COMMANDS
     found = readme_commands()
     assert len(found) >= 10, "the README's command block was not found"
+    reference = readme_commands(ROOT / "docs" / "usage.md")
+    assert len(reference) >= 20, "docs/usage.md's command block was not found"
+    found += reference
     for line in found:
         name, *args = shlex.split(line)[1:]
         assert name in commands, f"{line}: no command {name!r}"
