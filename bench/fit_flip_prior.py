@@ -13,7 +13,7 @@ Which runs: runs the prior is to help must not be among them (fit on tuning seed
 shipped prior for the default LM task (tiny@0 warm start), from the recipe study's three 40-step `trace` runs on
 tuning seeds 10-12 (docs/results/2026-12-02-flip-prior.md):
 
-    python bench/fit_flip_prior.py src/trace_rl/predictors/flip_prior_tiny0.json \\
+    python bench/fit_flip_prior.py docs/results/data/2026-12-02-flip-prior/prior-tiny0.json \\
         docs/results/data/2026-12-02-recipe/tune-base/trace--seed{10,11,12}.tar.gz
 
 The spread the layer holds the prior with (--sigma-cell, --sigma-slope; SIGMA_CELL, SIGMA_SLOPE) was chosen on
