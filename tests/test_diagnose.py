@@ -228,6 +228,19 @@ def test_diagnose_prints_and_draws_the_calibration_of_a_fixture_run(tmp_path):
         "0.300",
     ]
     assert "flips by predicted q" in text and "grpo: reliability bins over the run" in text
+    by_r = trace["run"]["flips_by_outcome"]  # split by the bare outcome, the pieces add up to the whole
+    assert sum(by_r[o]["all"]["continuations"] for o in by_r) == 12
+    block = next(b for b in text.split("\n\n") if b.startswith("trace: the same flips by the anchor's bare outcome"))
+    for outcome, f in by_r.items():
+        line = next(
+            x for x in block.splitlines() if x.startswith(f"after a {outcome}") and " prefixes " in x and " run " in x
+        )
+        assert line.split()[4:8] == [
+            "run",
+            str(f["all"]["continuations"]),
+            f"{f['all']['pred']:.3f}",
+            f"{f['all']['real']:.3f}",
+        ]
 
 
 def test_diagnose_without_matplotlib_writes_no_plot_and_says_so_in_one_line(tmp_path, monkeypatch, capsys):

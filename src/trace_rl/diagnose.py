@@ -380,6 +380,30 @@ def format_calibration(diagnosis: Diagnosis) -> str:
                     ]
                 )
             )
+        rows = []
+        for outcome in ("failure", "success"):
+            for dn in [*names, "all"]:
+                for label, tab in by_period.items():
+                    f = tab.get("flips_by_outcome", {}).get(outcome, {}).get(dn)
+                    if f:
+                        lo, hi = f["real_lo"], f["real_hi"]
+                        rows.append(
+                            [
+                                f"after a {outcome}",
+                                "prefixes" if dn == "all" else f"depth {dn}",
+                                label,
+                                str(f["continuations"]),
+                                _num(f["pred"]),
+                                _num(f["real"]),
+                                f"[{lo:.3f}, {hi:.3f}]",
+                                gap_verdict(f["pred"], lo, hi, FLIP_GAP_BOUND),
+                            ]
+                        )
+        if rows:
+            header = ["bare outcome", "where", "period", "continuations", "predicted", "realised", "95% interval"]
+            header.append(f"gap <= {FLIP_GAP_BOUND}")
+            title = f"{method}: the same flips by the anchor's bare outcome (a bias can hide in a bin that pools both)"
+            blocks.append("\n".join([title, *_table(header, rows)]))
         if run.get("flips_by_q"):
             rows = [
                 [f"{b['lo']:.1f}-{b['hi']:.1f}", f"{b['n']:.0f}", _num(b["pred"]), _num(b["real"])]

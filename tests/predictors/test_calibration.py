@@ -107,6 +107,13 @@ def test_tables_of_a_hand_built_tree():
     assert fall["continuations"] == 3 and fall["pred"] == pytest.approx((0.3 * 2 + 0.4) / 3)
     assert fall["real"] == pytest.approx(2 / 3) and fall["anchors_pred"] == pytest.approx(0.3)
     assert [(b["lo"], b["n"], b["real"]) for b in tab["flips_by_q"]] == [(0.3, 2, 0.5), (0.4, 1, 1.0)]
+    # by the bare outcome: a0 is the only chosen anchor after a success, a1b the only one after a failure
+    by_r = tab["flips_by_outcome"]
+    assert sorted(by_r["success"]) == ["1", "all"] and sorted(by_r["failure"]) == ["2+", "all"]
+    for outcome, depth, ref in (("success", "1", f1), ("failure", "2+", f2)):
+        for key in ("continuations", "pred", "real", "real_lo", "real_hi"):
+            assert by_r[outcome][depth][key] == pytest.approx(ref[key])
+            assert by_r[outcome]["all"][key] == pytest.approx(ref[key])
 
 
 def test_the_flip_stage_2_allocated_on_is_what_the_tables_predict_and_q_of_v_stays_beside_it():

@@ -169,10 +169,13 @@ def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bin
     {"roots": summary, "prefixes": {depth name or "all": summary},
      "flips": {depth name or "all": {chosen, continuations, pred, raw, recal, real, real_lo, real_hi,
      anchors_pred}} (real_lo, real_hi: `flip_share_interval`),
+     "flips_by_outcome": {"failure" or "success": {depth name or "all": {continuations, pred, real, real_lo,
+     real_hi}}} (the same flips split by the anchor's bare outcome r, where a layer's bias can hide in a
+     depth bin that pools both),
      "flips_by_q": reliability rows of q against the flip share, weighted by continuations}.
     A piece with no samples is left out."""
     names = depth_names(max_depth)
-    out: dict = {"prefixes": {}, "flips": {}}
+    out: dict = {"prefixes": {}, "flips": {}, "flips_by_outcome": {}}
     roots = summary(*_roots(records), bins=bins)
     if roots:
         out["roots"] = roots
@@ -217,6 +220,19 @@ def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bin
             "real_hi": hi,
             "anchors_pred": float(q[sel].mean()),
         }
+    for outcome, name in ((0.0, "failure"), (1.0, "success")):
+        for d, dname in [*enumerate(names), (None, "all")]:
+            chosen = (r == outcome) & (cont > 0) & (np.ones_like(v, bool) if d is None else dbin == d)
+            if chosen.any():
+                w = cont[chosen]
+                lo, hi = flip_share_interval(flips[chosen], w)
+                out["flips_by_outcome"].setdefault(name, {})[dname] = {
+                    "continuations": int(w.sum()),
+                    "pred": float((q[chosen] * w).sum() / w.sum()),
+                    "real": float(flips[chosen].sum() / w.sum()),
+                    "real_lo": lo,
+                    "real_hi": hi,
+                }
     chosen = cont > 0
     if chosen.any():
         out["flips_by_q"] = reliability(q[chosen], flips[chosen] / cont[chosen], cont[chosen], bins)
