@@ -295,6 +295,12 @@ def _num(x: float, fmt: str = "{:.3f}") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
+def _bound_cells(flip: dict) -> list[str]:
+    """The realised flip share's 95% interval and the reading of the bound on it, as two table cells."""
+    lo, hi = flip["real_lo"], flip["real_hi"]
+    return [f"[{lo:.3f}, {hi:.3f}]", gap_verdict(flip["pred"], lo, hi, FLIP_GAP_BOUND)]
+
+
 def format_calibration(diagnosis: Diagnosis) -> str:
     """The calibration tables of `diagnose`, one set of blocks per method: V~ reliability (summary over the run
     and its halves, then the bins over the run), the chosen prefixes' flips, and the flips binned by q."""
@@ -349,8 +355,7 @@ def format_calibration(diagnosis: Diagnosis) -> str:
                             _num(f.get("raw", f["pred"])),
                             _num(f["recal"]),
                             _num(f["real"]),
-                            f"[{f['real_lo']:.3f}, {f['real_hi']:.3f}]",
-                            gap_verdict(f["pred"], f["real_lo"], f["real_hi"], FLIP_GAP_BOUND),
+                            *_bound_cells(f),
                             _num(f["anchors_pred"]),
                         ]
                     )
@@ -386,19 +391,9 @@ def format_calibration(diagnosis: Diagnosis) -> str:
                 for label, tab in by_period.items():
                     f = tab.get("flips_by_outcome", {}).get(outcome, {}).get(dn)
                     if f:
-                        lo, hi = f["real_lo"], f["real_hi"]
-                        rows.append(
-                            [
-                                f"after a {outcome}",
-                                "prefixes" if dn == "all" else f"depth {dn}",
-                                label,
-                                str(f["continuations"]),
-                                _num(f["pred"]),
-                                _num(f["real"]),
-                                f"[{lo:.3f}, {hi:.3f}]",
-                                gap_verdict(f["pred"], lo, hi, FLIP_GAP_BOUND),
-                            ]
-                        )
+                        where = "prefixes" if dn == "all" else f"depth {dn}"
+                        cells = [str(f["continuations"]), _num(f["pred"]), _num(f["real"]), *_bound_cells(f)]
+                        rows.append([f"after a {outcome}", where, label, *cells])
         if rows:
             header = ["bare outcome", "where", "period", "continuations", "predicted", "realised", "95% interval"]
             header.append(f"gap <= {FLIP_GAP_BOUND}")

@@ -202,37 +202,36 @@ def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bin
             v_recal[cell] = r[cell].mean()
     out["prefixes"]["all"] = summary(v, r, bins=bins)
     q_recal = flip_prob(r, v_recal)
-    for d, name in [*enumerate(names), (None, "all")]:
-        sel = np.ones_like(v, bool) if d is None else dbin == d
-        chosen = sel & (cont > 0)
-        if not chosen.any():
-            continue
+
+    def flip_cell(chosen: np.ndarray) -> dict:
+        """The chosen anchors' continuations, the q stage 2 allocated on and the realised share with its interval."""
         w = cont[chosen]
         lo, hi = flip_share_interval(flips[chosen], w)
-        out["flips"][name] = {
-            "chosen": int(chosen.sum()),
+        return {
             "continuations": int(w.sum()),
             "pred": float((q[chosen] * w).sum() / w.sum()),
-            "raw": float((q_raw[chosen] * w).sum() / w.sum()),
-            "recal": float((q_recal[chosen] * w).sum() / w.sum()),
             "real": float(flips[chosen].sum() / w.sum()),
             "real_lo": lo,
             "real_hi": hi,
-            "anchors_pred": float(q[sel].mean()),
         }
-    for outcome, name in ((0.0, "failure"), (1.0, "success")):
-        for d, dname in [*enumerate(names), (None, "all")]:
-            chosen = (r == outcome) & (cont > 0) & (np.ones_like(v, bool) if d is None else dbin == d)
+
+    depth_sel = [
+        (name, np.ones_like(v, bool) if d is None else dbin == d) for d, name in [*enumerate(names), (None, "all")]
+    ]
+    for name, sel in depth_sel:
+        chosen = sel & (cont > 0)
+        if chosen.any():
+            out["flips"][name] = flip_cell(chosen) | {
+                "chosen": int(chosen.sum()),
+                "raw": float((q_raw[chosen] * cont[chosen]).sum() / cont[chosen].sum()),
+                "recal": float((q_recal[chosen] * cont[chosen]).sum() / cont[chosen].sum()),
+                "anchors_pred": float(q[sel].mean()),
+            }
+    for outcome, label in ((0.0, "failure"), (1.0, "success")):
+        for name, sel in depth_sel:
+            chosen = sel & (r == outcome) & (cont > 0)
             if chosen.any():
-                w = cont[chosen]
-                lo, hi = flip_share_interval(flips[chosen], w)
-                out["flips_by_outcome"].setdefault(name, {})[dname] = {
-                    "continuations": int(w.sum()),
-                    "pred": float((q[chosen] * w).sum() / w.sum()),
-                    "real": float(flips[chosen].sum() / w.sum()),
-                    "real_lo": lo,
-                    "real_hi": hi,
-                }
+                out["flips_by_outcome"].setdefault(label, {})[name] = flip_cell(chosen)
     chosen = cont > 0
     if chosen.any():
         out["flips_by_q"] = reliability(q[chosen], flips[chosen] / cont[chosen], cont[chosen], bins)
