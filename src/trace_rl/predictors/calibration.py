@@ -203,13 +203,17 @@ def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bin
     out["prefixes"]["all"] = summary(v, r, bins=bins)
     q_recal = flip_prob(r, v_recal)
 
+    def per_continuation(x: np.ndarray, chosen: np.ndarray) -> float:
+        """Mean of a per-anchor q over the chosen anchors' continuations."""
+        return float((x[chosen] * cont[chosen]).sum() / cont[chosen].sum())
+
     def flip_cell(chosen: np.ndarray) -> dict:
         """The chosen anchors' continuations, the q stage 2 allocated on and the realised share with its interval."""
         w = cont[chosen]
         lo, hi = flip_share_interval(flips[chosen], w)
         return {
             "continuations": int(w.sum()),
-            "pred": float((q[chosen] * w).sum() / w.sum()),
+            "pred": per_continuation(q, chosen),
             "real": float(flips[chosen].sum() / w.sum()),
             "real_lo": lo,
             "real_hi": hi,
@@ -223,8 +227,8 @@ def calibration_tables(records: list[dict], max_depth: int = STEP_MAX_DEPTH, bin
         if chosen.any():
             out["flips"][name] = flip_cell(chosen) | {
                 "chosen": int(chosen.sum()),
-                "raw": float((q_raw[chosen] * cont[chosen]).sum() / cont[chosen].sum()),
-                "recal": float((q_recal[chosen] * cont[chosen]).sum() / cont[chosen].sum()),
+                "raw": per_continuation(q_raw, chosen),
+                "recal": per_continuation(q_recal, chosen),
                 "anchors_pred": float(q[sel].mean()),
             }
     for outcome, label in ((0.0, "failure"), (1.0, "success")):
