@@ -98,12 +98,13 @@ def main() -> None:
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--sigma-cell", type=float, default=SIGMA_CELL)
     parser.add_argument("--sigma-slope", type=float, default=SIGMA_SLOPE)
+    parser.add_argument("--half-life", type=float, default=16.0, help="the layer's ageing under the prior (steps)")
     args = parser.parse_args()
     runs = read_runs(args.runs)
     if not runs:
         raise SystemExit("fit_flip_prior: no chosen anchors in these runs")
     data = [pooled(steps) for steps in runs.values()]
-    prior = fit_flip_prior(data, args.sigma_cell, args.sigma_slope, names=list(runs))
+    prior = fit_flip_prior(data, args.sigma_cell, args.sigma_slope, names=list(runs), half_life=args.half_life)
     prior.save(args.out)
     layer = prior.layer()
     r, v, d, k, f = (np.concatenate([x[i] for x in data]) for i in range(5))

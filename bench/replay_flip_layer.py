@@ -33,8 +33,8 @@ from trace_rl.predictors.flip import FlipCalibrator, FlipPrior
 
 def layer_of(args) -> FlipCalibrator:
     if args.prior:
-        return FlipPrior.load(args.prior).layer(args.half_life)
-    return FlipCalibrator(args.kappa, args.sigma_cell, args.sigma_slope, args.half_life, args.max_depth)
+        return FlipPrior.load(args.prior).layer(args.half_life)  # None: the prior's own half-life
+    return FlipCalibrator(args.kappa, args.sigma_cell, args.sigma_slope, args.half_life or 16.0, args.max_depth)
 
 
 def replay(steps: dict[int, tuple[np.ndarray, ...]], args) -> tuple[np.ndarray, float | None]:
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--kappa", type=float, default=1.0)
     parser.add_argument("--sigma-cell", type=float, default=4.0)
     parser.add_argument("--sigma-slope", type=float, default=0.5)
-    parser.add_argument("--half-life", type=float, default=16.0)
+    parser.add_argument("--half-life", type=float, default=None, help="default: the prior's, else 16 steps")
     parser.add_argument("--max-depth", type=int, default=4)
     parser.add_argument("--check", action="store_true", help="compare with flip_pred (a calibrated run's records)")
     parser.add_argument("--runs-table", action="store_true", help="one line per run: each bin's gap")

@@ -275,6 +275,29 @@ def test_a_prior_file_round_trips_and_a_checkpoint_keeps_its_prior(tmp_path):
     assert "prior_mean" not in FlipCalibrator().state_dict()["settings"]  # checkpoints from before still load
 
 
+def test_a_prior_carries_the_half_life_its_layer_ages_at_and_older_files_keep_sixteen(tmp_path):
+    rng = np.random.default_rng(8)
+    prior = fit_flip_prior([_anchors(rng, 60, 0.1, 0.4)], sigma_cell=0.5, sigma_slope=0.25, half_life=4.0)
+    path = tmp_path / "prior.json"
+    prior.save(path)
+    layer = make_flip_model("calibrated", str(path))
+    assert layer.half_life == 4.0 and prior.layer(2.0).half_life == 2.0  # an explicit one wins (the replay's)
+    doc = json.loads(path.read_text())
+    del doc["half_life"]  # a prior written before the key existed
+    path.write_text(json.dumps(doc))
+    assert make_flip_model("calibrated", str(path)).half_life == 16.0
+    # the half-life is what the layer ages by: under 4 a row of 8 steps ago weighs 1/4, under 16 about 0.71
+    rows = [_anchors(rng, 30, 0.1, 0.6)] + [_anchors(rng, 30, 0.3, 0.3) for _ in range(8)]
+    fast, slow = prior.layer(), prior.layer(16.0)
+    for batch in rows:
+        fast.observe(*batch)
+        slow.observe(*batch)
+    failures = tuple(x[rows[0][0] < 0.5] for x in rows[0][:3])
+    assert fast.predict(*failures).mean() < slow.predict(*failures).mean()  # step 0's flips fade faster under 4
+    with pytest.raises(ValueError, match="half_life"):
+        FlipPrior(**{**prior.__dict__, "half_life": 0.0})
+
+
 @pytest.mark.parametrize(
     "content, message",
     [

@@ -32,7 +32,9 @@ to the layer's own fit on earlier runs' chosen anchors (pooled, no ageing) and h
 (sigma 0.5 on the cells and 0.25 on the slopes for the default LM task, chosen on tuning seeds by
 `bench/fit_flip_prior.py`): a fresh layer then predicts the earlier runs' flip rates per (r, depth), which is
 what the q/2 prior got wrong in the steps before any data (a failure's deep prefix flips far less than q/2
-says). The objective is the same with (theta - mean) in the prior term; the fit starts from the mean.
+says). The objective is the same with (theta - mean) in the prior term; the fit starts from the mean. The prior
+also carries the half-life the layer ages its own rows at (16 steps unless it says otherwise): how fast the layer
+leaves the prior for what the run shows is chosen with the spread, on the same tuning runs.
 
 Honest about selection. The layer is fitted on the anchors stage 2 chose, and only on them: an anchor that got
 no continuation shows no flip. Stage 2 chooses on the layer's own prediction, a function of (r, v, d), the
@@ -269,9 +271,11 @@ class FlipPrior:
     runs: tuple[str, ...] = ()  # what it was fitted on (for the reader; nothing reads it)
     kappa: float = 1.0
     max_depth: int = 4
+    half_life: float = 16.0  # the layer's ageing under this prior (steps), chosen with the sigmas
 
     def __post_init__(self):
         _positive("kappa", self.kappa)
+        _positive("half_life", self.half_life)
         _positive("sigma_cell", self.sigma_cell)
         _positive("sigma_slope", self.sigma_slope)
         FlipCalibrator(kappa=self.kappa, max_depth=self.max_depth, prior_mean=self.theta)  # checks theta's size
@@ -279,10 +283,12 @@ class FlipPrior:
         if len(self.continuations) != cells or len(self.flips) != cells:
             raise ValueError(f"continuations and flips must hold one count per cell ({cells})")
 
-    def layer(self, half_life: float = 16.0) -> FlipCalibrator:
-        """A fresh layer under this prior: before any data it predicts the prior's probabilities."""
+    def layer(self, half_life: float | None = None) -> FlipCalibrator:
+        """A fresh layer under this prior (ageing at the prior's half-life unless one is given): before any data
+        it predicts the prior's probabilities."""
+        life = self.half_life if half_life is None else half_life
         return FlipCalibrator(
-            self.kappa, self.sigma_cell, self.sigma_slope, half_life, self.max_depth, prior_mean=self.theta
+            self.kappa, self.sigma_cell, self.sigma_slope, life, self.max_depth, prior_mean=self.theta
         )
 
     def to_dict(self) -> dict:
@@ -331,11 +337,13 @@ def fit_flip_prior(
     names: Sequence[str] = (),
     kappa: float = 1.0,
     max_depth: int = 4,
+    half_life: float = 16.0,
 ) -> FlipPrior:
     """The prior fitted on earlier runs' chosen anchors: each run's (reward, V~, depth, continuations, flips), as
     `FlipCalibrator.observe` takes them, all pooled and fitted once by the layer's own MAP fit (around the q k/(k
     + 1) prior, every row at weight 1: no ageing, a run's early and late steps count alike). The spread the
-    layer will hold it with is the caller's (`bench/fit_flip_prior.py` says how it was chosen)."""
+    layer will hold it with and the half-life it will age its own rows at are the caller's
+    (`bench/fit_flip_prior.py` says how they were chosen)."""
     if not runs:
         raise ValueError("fit_flip_prior needs at least one run's anchors")
     pooled = [np.concatenate([np.asarray(run[i]) for run in runs]) for i in range(5)]
@@ -354,6 +362,7 @@ def fit_flip_prior(
         runs=tuple(str(n) for n in names),
         kappa=float(kappa),
         max_depth=int(max_depth),
+        half_life=float(half_life),
     )
 
 
