@@ -88,6 +88,7 @@ CASES = [
     (["train", "update.dtype=float16"], "update.dtype"),
     (["train", "predictor.gp_encoder=minilm"], "predictor.gp_encoder"),
     (["train", "predictor.flip_model=smart"], "predictor.flip_model"),
+    (["train", "predictor.root_model=smart"], "predictor.root_model"),
     (["train", "predictor.flip_model=calibrated", "predictor.flip_prior={tmp}/none.json"], "predictor.flip_prior"),
     (["train", "predictor.flip_model=calibrated", "predictor.flip_prior={ints}"], "predictor.flip_prior"),
     (["train", "predictor.flip_prior={ints}"], "predictor.flip_prior: only predictor.flip_model=calibrated"),

@@ -49,6 +49,11 @@ class Method:
     def branches(self) -> bool:
         return self.prefix != "none"
 
+    @property
+    def roots_on_value(self) -> bool:
+        """Whether TRACE's root allocator (on V~, or on V~ recalibrated: predictor.root_model) picks the roots."""
+        return self.root == "active" or self.root.startswith("active_")
+
 
 METHODS: dict[str, Method] = {
     m.name: m

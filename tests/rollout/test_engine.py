@@ -15,13 +15,15 @@ from trace_rl.allocation import prefix_flip_prob  # noqa: E402
 from trace_rl.backends.base import SamplingParams, ScriptedBackend  # noqa: E402
 from trace_rl.envs.calculator import CalculatorEnv, make_task, make_tasks  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
-from trace_rl.methods import BudgetPlan, get_method  # noqa: E402
+from trace_rl.methods import BudgetPlan, allocate_method_roots, get_method  # noqa: E402
 from trace_rl.metrics import tree_budget  # noqa: E402
 from trace_rl.predictors.flip import FlipCalibrator  # noqa: E402
 from trace_rl.predictors.history import RewardHistoryPredictor  # noqa: E402
+from trace_rl.predictors.root_calibration import RootCalibrator  # noqa: E402
 from trace_rl.predictors.text import light_text_predictor  # noqa: E402
 from trace_rl.rollout.engine import TreeRolloutEngine  # noqa: E402
 from trace_rl.rollout.lm_actor import LMActor  # noqa: E402
+from trace_rl.seeding import derive_seed  # noqa: E402
 from trace_rl.tree import BRANCH  # noqa: E402
 
 
@@ -223,6 +225,28 @@ def test_the_calibrated_flip_layer_is_what_stage_2_reads_and_it_learns_each_step
         seen += sum(1 for t, node, _ in anchors if t.started_rewards(node.node_id))
         assert layer.steps_seen == step + 1 and len(layer.state_dict()["rows"]) == seen
     assert not np.array_equal(layer.theta, 0 * layer.theta)  # it moved off the prior
+
+
+def test_the_root_layer_is_what_tracess_root_allocator_reads_and_it_learns_each_step(tok):
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=4, branch_factor=1, pool_factor=3, max_per_prompt=4)
+    eng = engine(tok, light_text_predictor(), plan)
+    eng.root_model = layer = RootCalibrator()
+    differs = []  # whether V~ itself would have allocated otherwise: the check can tell the two apart
+    for step, name in enumerate(["trace", "pcl", "trace", "trace"]):
+        # far from the identity (what it fits is tested with the layer): these easy tasks' V~ shifted down a lot
+        layer.theta = theta = np.array([-3.0, 1.0])
+        seen = layer.steps_seen
+        res = eng.grow(make_tasks(6, seed=step, steps=(2, 3)), get_method(name), step)
+        v = np.array([t.root.predicted for t in res.trees])  # the trees keep V~ itself
+        probe = RootCalibrator()
+        probe.theta = theta
+        want = probe.predict(v) if name == "trace" else v  # only TRACE's root allocator reads the layer
+        m = allocate_method_roots(get_method(name), want, plan, seed=derive_seed(0, "roots", step))
+        assert [len(t.started_rewards(t.root_id)) for t in res.trees] == m.tolist()
+        other = allocate_method_roots(get_method(name), v, plan, seed=derive_seed(0, "roots", step))
+        differs.append(not np.array_equal(m, other))
+        assert layer.steps_seen == seen + (name == "trace")  # and only TRACE's steps teach it
+    assert any(differs)
 
 
 def test_without_the_layer_stage_2_reads_q_from_v_and_records_it(tok):

@@ -110,6 +110,20 @@ def test_propositions_hold_exactly():
     assert abs(r["prop2_mc_qv"] - r["prop2_v0_1_minus_v0"]) < 5 * r["prop2_mc_stderr"] + 1e-3
 
 
+def test_the_root_model_setting_reaches_tracess_root_allocator_only():
+    runs = {
+        kind: run_simulation(
+            SimulateConfig(methods=["trace", "pcl"], predictor=TestbedPredictorConfig(root_model=kind), **SMALL)
+        )
+        for kind in ("raw", "calibrated")
+    }
+    def untimed(recs):
+        return [{k: v for k, v in r.items() if not k.startswith("timing_s/")} for r in recs]
+
+    assert untimed(runs["raw"]["pcl"]) == untimed(runs["calibrated"]["pcl"])  # PCL ranks on V~ itself either way
+    assert untimed(runs["raw"]["trace"]) != untimed(runs["calibrated"]["trace"])
+
+
 def test_the_flip_model_setting_reaches_stage_2():
     runs = {
         kind: run_simulation(

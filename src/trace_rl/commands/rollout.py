@@ -82,6 +82,7 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
                 prefix_share=trace.predictor.prefix_share,
                 flip_model=cfg.predictor.flip_model,
                 flip_prior=cfg.predictor.flip_prior,
+                root_model=cfg.predictor.root_model,
             )
             loop = RunLoop(
                 engine,

@@ -63,32 +63,19 @@ import numpy as np
 
 from ..allocation import prefix_flip_prob
 from ..tree import RolloutTree
+from .map_logistic import expit as _expit
+from .map_logistic import fit_map_logistic
+from .map_logistic import logit as _logit
+from .map_logistic import positive as _positive
 
 FLIP_MODELS = ("raw", "calibrated")  # the setting `predictor.flip_model`: q from V~ alone, or this layer
-Z_CLIP = 6.0  # |logit q| is clipped here (q in [0.0025, 0.9975]): a V~ of exactly 0 or 1 stays finite
 MAX_HALF_LIVES = 10.0  # rows older than this many half-lives weigh below 2^-10 and are dropped
-MAX_NEWTON = 50
-
-
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-12, 1 - 1e-12)
-    return np.clip(np.log(p) - np.log1p(-p), -Z_CLIP, Z_CLIP)
-
-
-def _expit(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow warning for large |x|
 
 
 def beta_flip_prior(q, kappa: float) -> np.ndarray:
     """q k/(k + 1): the flip probability when V given the features is Beta with mean V~ and concentration k
     (module docstring). With k = 1 it is half of q."""
     return np.asarray(q, dtype=np.float64) * (kappa / (kappa + 1.0))
-
-
-def _positive(name: str, x) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not np.isfinite(x) or x <= 0:
-        raise ValueError(f"{name} must be a positive number, got {x!r}")
-    return float(x)
 
 
 class FlipCalibrator:
@@ -176,35 +163,12 @@ class FlipCalibrator:
 
     def _fit(self) -> np.ndarray:
         """MAP theta on the rows (always from the prior mean, so a restored state refits to the same numbers)."""
-        prec, mean = self._precision(), self.prior_mean
-        theta = mean.copy()
         if not len(self._rows):
-            return theta
+            return self.prior_mean.copy()
         success, q, dbin, k, f, age = self._rows.T
         x, offset = self._design(success, q, dbin.astype(np.int64))
         w = 0.5 ** (age / self.half_life)
-
-        def objective(t: np.ndarray) -> float:
-            eta = offset + x @ t
-            return float(np.sum(w * (k * np.logaddexp(0.0, eta) - f * eta)) + 0.5 * np.sum(prec * (t - mean) ** 2))
-
-        value = objective(theta)
-        for _ in range(MAX_NEWTON):
-            p = _expit(offset + x @ theta)
-            grad = x.T @ (w * (k * p - f)) + prec * (theta - mean)
-            hess = (x * (w * k * p * (1.0 - p))[:, None]).T @ x + np.diag(prec)
-            step = -np.linalg.solve(hess, grad)
-            t = 1.0
-            while True:  # backtracking (Armijo): Newton's full step can overshoot where p is near 0 or 1
-                new = objective(theta + t * step)
-                if new <= value + 1e-4 * t * float(grad @ step) or t < 1e-8:
-                    break
-                t *= 0.5
-            theta, done = theta + t * step, value - new < 1e-12
-            value = new
-            if done:
-                break
-        return theta
+        return fit_map_logistic(x, offset, k, f, w, self._precision(), self.prior_mean)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 from ..methods import BudgetPlan, Method, allocate_method_roots
 from ..predictors.base import Predictor, training_examples
 from ..predictors.flip import FlipCalibrator, flip_observations
+from ..predictors.root_calibration import RootCalibrator, root_observations
 from ..seeding import derive_rng, derive_seed
 from ..trace_config import PREFIX_SHARE, check_prefix_share
 from ..tree import BARE, RolloutTree, TurnNode
@@ -146,12 +147,14 @@ class TreeRolloutEngine:
         update_predictor: bool = True,
         executor=None,
         flip_model: FlipCalibrator | None = None,
+        root_model: RootCalibrator | None = None,
     ):
         check_prefix_share(prefix_share)
         self.actor, self.predictor, self.plan, self.seed = actor, predictor, plan, seed
         self.prefix_share, self.update_predictor = prefix_share, update_predictor
         self.executor = executor or LocalExecutor()
         self.flip_model = flip_model  # None: stage 2 reads q from V~; else this layer, updated with the predictor
+        self.root_model = root_model  # None: TRACE's root allocator reads V~; else V~ through this layer
 
     def grow(self, tasks: Sequence, method: Method, step: int = 0) -> StepResult:
         """`agrow` from synchronous code; inside a running event loop, use `await engine.agrow(...)`."""
@@ -168,7 +171,9 @@ class TreeRolloutEngine:
         v = self.predictor.predict([(t, t.root_id) for t in trees])
         clock.add("predictor", time.perf_counter() - t0)
         t0 = time.perf_counter()
-        m = allocate_method_roots(method, v, self.plan, seed=derive_seed(self.seed, "roots", step))
+        recalibrate = self.root_model is not None and method.roots_on_value
+        v_roots = self.root_model.predict(v) if recalibrate else v  # the tree keeps V~ itself (the layer replays)
+        m = allocate_method_roots(method, v_roots, self.plan, seed=derive_seed(self.seed, "roots", step))
         clock.add("allocate", time.perf_counter() - t0)
         for tree, vi in zip(trees, v):
             tree.root.predicted = float(vi)
@@ -199,6 +204,8 @@ class TreeRolloutEngine:
             result.predictor_examples = (roots, len(examples) - roots)
             if self.flip_model is not None and method.branches:
                 self.flip_model.observe(*flip_observations(active))
+            if recalibrate:
+                self.root_model.observe(*root_observations(active))
             clock.add("predictor", time.perf_counter() - t0)
         clock.seconds["total"] = time.perf_counter() - start
         result.time = dict(clock.seconds)

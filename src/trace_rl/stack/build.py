@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..methods import BudgetPlan
 from ..predictors.build import build_predictor  # noqa: F401 - the one predictor builder; the commands import it here
 from ..predictors.flip import make_flip_model
+from ..predictors.root_calibration import make_root_model
 from ..rollout.engine import TreeRolloutEngine, make_executor
 from ..rollout.lm_actor import LMActor
 from ..trace_config import PREFIX_SHARE
@@ -149,12 +150,14 @@ def build_engine(
     executor=None,
     flip_model: str = "raw",
     flip_prior: str = "",
+    root_model: str = "raw",
 ) -> TreeRolloutEngine:
     """The one TRACE step around `actor` and `predictor` at `budget`; trees grow on `executor` (one from
     `rollout.engine.make_executor`, shared by every engine of a run; None: asyncio in this process); stage 2
     reads its flip probability as `flip_model` says (`predictor.flip_model`: raw or calibrated), the calibrated
-    layer around `flip_prior` (`predictor.flip_prior`: a prior file, or "" for q/2). With no predictor and no
-    budget, an engine that only evaluates."""
+    layer around `flip_prior` (`predictor.flip_prior`: a prior file, or "" for q/2); TRACE's root allocator reads
+    V~ as `root_model` says (`predictor.root_model`: raw or calibrated). With no predictor and no budget, an engine
+    that only evaluates."""
     return TreeRolloutEngine(
         actor,
         predictor,
@@ -163,6 +166,7 @@ def build_engine(
         prefix_share=prefix_share,
         executor=executor,
         flip_model=make_flip_model(flip_model, flip_prior),
+        root_model=make_root_model(root_model),
     )
 
 
@@ -200,6 +204,7 @@ class LMStack:
         prefix_share: float = PREFIX_SHARE,
         flip_model: str = "raw",
         flip_prior: str = "",
+        root_model: str = "raw",
     ) -> TreeRolloutEngine:
         """A TRACE engine on a fresh actor of this policy (one per method of `rollout`): it grows trees with
         `predictor` at `budget` on the stack's executor, and evaluates (`evaluate`); without a predictor and a
@@ -214,6 +219,7 @@ class LMStack:
             executor=self.executor,
             flip_model=flip_model,
             flip_prior=flip_prior,
+            root_model=root_model,
         )
 
     def close(self) -> None:

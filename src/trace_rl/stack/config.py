@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..methods import BudgetPlan
 from ..predictors.build import CRITIC_EPOCHS, CRITIC_LR, GP_ENCODERS
 from ..predictors.flip import FLIP_MODELS, make_flip_model
+from ..predictors.root_calibration import ROOT_MODELS
 from ..rollout.engine import check_executor
 from ..rollout.lm_actor import BATCHING
 from ..rollout.ray_executor import RayConfig
@@ -200,6 +201,9 @@ class LMPredictorConfig:
     # the calibrated layer's prior: "" is q/2 (task-agnostic); a JSON file of bench/fit_flip_prior.py is a fit on
     # earlier runs' flips, which carries the first steps (docs/results/2026-12-02-flip-prior.md)
     flip_prior: str = ""  # a flip prior file (bench/fit_flip_prior.py), read with flip_model=calibrated
+    # raw: TRACE's root allocator reads V~; calibrated: V~ through a logistic layer fitted online on the roots' bare
+    # outcomes (predictors/root_calibration.py)
+    root_model: str = "raw"  # raw | calibrated
 
     def __post_init__(self):
         if self.gp_encoder not in GP_ENCODERS:
@@ -207,6 +211,8 @@ class LMPredictorConfig:
         check_prefix_share(self.prefix_share)
         if self.flip_model not in FLIP_MODELS:
             raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {self.flip_model!r}")
+        if self.root_model not in ROOT_MODELS:
+            raise ValueError(f"root_model must be one of {', '.join(ROOT_MODELS)}, got {self.root_model!r}")
         if self.flip_prior:  # read here too, so a bad file stops the command before any model loads
             try:
                 make_flip_model(self.flip_model, self.flip_prior)

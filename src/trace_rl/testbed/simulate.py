@@ -30,6 +30,7 @@ from ..methods import BudgetPlan, Method, get_method
 from ..paths import turn_rows
 from ..predictors import RewardHistoryPredictor
 from ..predictors.flip import FLIP_MODELS, make_flip_model
+from ..predictors.root_calibration import ROOT_MODELS, make_root_model
 from ..rollout.engine import TreeRolloutEngine, check_executor, make_executor
 from ..rollout.ray_executor import RayConfig
 from ..rollout.records import MetricsWriter, read_metrics
@@ -64,6 +65,7 @@ class TestbedPredictorConfig:
     lr: float = 0.2  # Adam step size
     prefix_share: float = PREFIX_SHARE  # share of prefix examples in a predictor batch (paper: ~6%; see docs)
     flip_model: str = "raw"  # stage 2's flip probability: raw (from V~) | calibrated (predictors/flip.py)
+    root_model: str = "raw"  # what TRACE's root allocator reads: V~ (raw) | calibrated (predictors/root_calibration.py)
 
     def __post_init__(self):
         if not self.lr > 0:
@@ -71,6 +73,8 @@ class TestbedPredictorConfig:
         check_prefix_share(self.prefix_share)
         if self.flip_model not in FLIP_MODELS:
             raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {self.flip_model!r}")
+        if self.root_model not in ROOT_MODELS:
+            raise ValueError(f"root_model must be one of {', '.join(ROOT_MODELS)}, got {self.root_model!r}")
 
 
 @dataclass
@@ -204,6 +208,7 @@ def method_loop(
         prefix_share=cfg.predictor.prefix_share,
         executor=executor,
         flip_model=make_flip_model(cfg.predictor.flip_model),
+        root_model=make_root_model(cfg.predictor.root_model),
     )
     loop = RunLoop(
         engine,

@@ -43,6 +43,8 @@ def _without_unread(settings: dict) -> dict:
         settings.get("update", {}).pop("weighting", None)
         settings.get("predictor", {}).pop("flip_model", None)
         settings.get("predictor", {}).pop("flip_prior", None)
+    if settings.get("method") in METHODS and not METHODS[settings["method"]].roots_on_value:
+        settings.get("predictor", {}).pop("root_model", None)  # only TRACE's root allocator reads it
     return settings
 
 

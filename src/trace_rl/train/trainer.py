@@ -236,11 +236,12 @@ class RunState:
     held_out_digest: str = ""
     before: dict | None = None  # the evaluation before training (accuracy and its standard errors)
     flip_model: dict | None = None  # predictors.flip's state, with predictor.flip_model=calibrated
+    root_model: dict | None = None  # predictors.root_calibration's state, with predictor.root_model=calibrated
 
     def to_json(self) -> dict:
-        """The trainer_state.json document; `before` and `flip_model` only when set (as files always held)."""
+        """The trainer_state.json document; `before` and the layers' states only when set (as files always held)."""
         doc = dataclasses.asdict(self)
-        return {k: v for k, v in doc.items() if v is not None or k not in ("before", "flip_model")}
+        return {k: v for k, v in doc.items() if v is not None or k not in ("before", "flip_model", "root_model")}
 
     @classmethod
     def from_json(cls, doc: dict) -> RunState:
@@ -321,6 +322,8 @@ class TrainRun:
         state.step = step + 1
         if self.engine.flip_model is not None:  # the calibrated flip layer resumes from the checkpoint's state
             state.flip_model = self.engine.flip_model.state_dict()
+        if self.engine.root_model is not None:  # and so does the root layer
+            state.root_model = self.engine.root_model.state_dict()
         if (step + 1) % cfg.save_every == 0 or step == cfg.steps - 1:
             model, optimizer, predictor = self.learner.model, self.learner.optimizer, self.engine.predictor
             doc, yaml = state.to_json(), self.config_yaml
@@ -380,9 +383,12 @@ def build_run(cfg: TrainConfig, ckpt, identity: dict, config_yaml: str) -> Train
         prefix_share=trace.predictor.prefix_share,
         flip_model=cfg.predictor.flip_model,
         flip_prior=cfg.predictor.flip_prior,
+        root_model=cfg.predictor.root_model,
     )
     if engine.flip_model is not None and state.flip_model:  # a resumed run's layer, as it was saved
         engine.flip_model.load_state_dict(state.flip_model)
+    if engine.root_model is not None and state.root_model:
+        engine.root_model.load_state_dict(state.root_model)
     held_out = spec.held_out(cfg.eval_tasks, derive_seed(cfg.seed, "held-out"))
     state.held_out_digest = task_digest(held_out)
     learner = LMLearner(

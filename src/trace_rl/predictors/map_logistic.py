@@ -1,0 +1,72 @@
+"""The maximum-a-posteriori fit of a binomial logistic model under a Gaussian prior, with weighted rows: the
+solver both online calibration layers use (`predictors.flip` for stage 2's flip, `predictors.root_calibration`
+for V~ at the roots). numpy only.
+
+    minimise  sum_j w_j (k_j log(1 + e^eta_j) - f_j eta_j) + 1/2 sum_i prec_i (theta_i - mean_i)^2,
+    eta = offset + X theta
+
+k_j trials with f_j successes (f_j may be fractional: a mean reward times its trials), w_j >= 0 a row's weight
+(its age's discount). Strictly convex for prec > 0, so Newton's method with a backtracking (Armijo) line search
+reaches the unique minimum; it starts from the prior mean, so the same rows always give the same numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Z_CLIP = 6.0  # |logit p| is clipped here (p in [0.0025, 0.9975]): a probability of exactly 0 or 1 stays finite
+MAX_NEWTON = 50
+
+
+def logit(p) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1 - 1e-12)
+    return np.clip(np.log(p) - np.log1p(-p), -Z_CLIP, Z_CLIP)
+
+
+def expit(x) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(x, dtype=np.float64)))  # no overflow warning for large |x|
+
+
+def positive(name: str, x) -> float:
+    """`x` as a float when it is a positive finite number, else one line naming `name`."""
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not np.isfinite(x) or x <= 0:
+        raise ValueError(f"{name} must be a positive number, got {x!r}")
+    return float(x)
+
+
+def fit_map_logistic(
+    x: np.ndarray,
+    offset: np.ndarray,
+    k: np.ndarray,
+    f: np.ndarray,
+    w: np.ndarray,
+    precision: np.ndarray,
+    mean: np.ndarray,
+) -> np.ndarray:
+    """theta minimising the objective above. Shapes: x (rows, params), offset, k, f, w (rows,), precision and
+    mean (params,)."""
+    theta = mean.copy()
+    if not len(k):
+        return theta
+
+    def objective(t: np.ndarray) -> float:
+        eta = offset + x @ t
+        return float(np.sum(w * (k * np.logaddexp(0.0, eta) - f * eta)) + 0.5 * np.sum(precision * (t - mean) ** 2))
+
+    value = objective(theta)
+    for _ in range(MAX_NEWTON):
+        p = expit(offset + x @ theta)
+        grad = x.T @ (w * (k * p - f)) + precision * (theta - mean)
+        hess = (x * (w * k * p * (1.0 - p))[:, None]).T @ x + np.diag(precision)
+        step = -np.linalg.solve(hess, grad)
+        t = 1.0
+        while True:  # backtracking: Newton's full step can overshoot where p is near 0 or 1
+            new = objective(theta + t * step)
+            if new <= value + 1e-4 * t * float(grad @ step) or t < 1e-8:
+                break
+            t *= 0.5
+        theta, done = theta + t * step, value - new < 1e-12
+        value = new
+        if done:
+            break
+    return theta
