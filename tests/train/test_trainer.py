@@ -23,8 +23,8 @@ SMALL = [
     "budget.rollouts_per_prompt=2",
     "budget.pool_factor=2",
     "budget.max_per_prompt=2",
-    "policy.max_new_tokens=12",
-    "eval_tasks=4",
+    "policy.max_new_tokens=8",
+    "eval_tasks=2",
     "eval_samples=2",
     "eval_every=1",
     "progress=false",
@@ -143,7 +143,7 @@ def test_a_kill_in_the_middle_of_a_checkpoint_write_leaves_a_run_that_resumes(tm
         ),
     }
     proc = subprocess.run(
-        [sys.executable, str(script), "train", *SMALL, "steps=3", "save_every=1", f"out={run}"],
+        [sys.executable, str(script), "train", *SMALL, "steps=2", "save_every=1", f"out={run}"],
         env=env,
         capture_output=True,
         text=True,
@@ -152,11 +152,11 @@ def test_a_kill_in_the_middle_of_a_checkpoint_write_leaves_a_run_that_resumes(tm
     assert proc.returncode == -signal.SIGKILL
     assert (run / "global_step_1").is_dir() and not (run / "global_step_2").exists()
     assert list(run.glob(".tmp-global_step_2*"))  # the half-written one is there, under its temporary name
-    assert main(["train", *SMALL, "steps=3", "save_every=1", f"out={run}", "resume=true"]) == 0
-    assert (run / "global_step_3").is_dir() and not list(run.glob(".tmp-*"))
-    assert [r["step"] for r in records(run)] == [0, 1, 2]
+    assert main(["train", *SMALL, "steps=2", "save_every=1", f"out={run}", "resume=true"]) == 0
+    assert (run / "global_step_2").is_dir() and not list(run.glob(".tmp-*"))
+    assert [r["step"] for r in records(run)] == [0, 1]
     # the metrics and predictions of the killed step were dropped and redone: the files of an uninterrupted run
-    assert main(["train", *SMALL, "steps=3", "save_every=1", f"out={tmp_path / 'whole'}"]) == 0
+    assert main(["train", *SMALL, "steps=2", "save_every=1", f"out={tmp_path / 'whole'}"]) == 0
     assert [untimed(r) for r in records(run)] == [untimed(r) for r in records(tmp_path / "whole")]
     preds = [(d / "predictions.jsonl").read_text() for d in (run, tmp_path / "whole")]
     assert preds[0] == preds[1] and preds[0]
@@ -170,7 +170,7 @@ def test_two_steps_on_every_environment(tmp_path, monkeypatch, env):
     if env in ("math", "qa"):  # a data folder of a few rows, written here: runs on a clone without shared/data
         monkeypatch.setenv("TRACE_RL_DATA", str(write_tiny_data(tmp_path / "data")))
     out = tmp_path / env
-    args = [*SMALL, "steps=2", f"env.name={env}", f"out={out}", "eval_tasks=2", "eval_samples=1"]
+    args = [*SMALL, "steps=2", f"env.name={env}", f"out={out}", "eval_samples=1", "eval_every=2"]
     assert main(["train", *args]) == 0
     assert len(records(out)) == 2 and (out / "global_step_2").is_dir()
 
@@ -199,7 +199,7 @@ def test_the_start_the_standard_error_and_the_predictions_are_logged(tmp_path):
 def test_compare_runs_are_paired_and_a_rerun_reads_them(tmp_path, capsys):
     from trace_rl.train.compare import check_pairing, load_runs
 
-    args = ["compare", f"out={tmp_path}", "methods=[grpo,trace]", "seeds=[3]", "train.steps=2"]
+    args = ["compare", f"out={tmp_path}", "methods=[grpo,trace]", "seeds=[3]", "train.steps=1"]
     args += [f"train.{a}" for a in SMALL]
     assert main(args) == 0
     runs = load_runs(tmp_path, ["grpo", "trace"])
