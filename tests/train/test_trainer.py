@@ -48,17 +48,19 @@ def test_the_run_state_reads_every_trainer_state_file_and_writes_the_same_keys()
     assert (state.step, state.rollouts, state.held_out_digest) == (3, 48, "")
     assert state.before is None and state.flip_model is None
     assert state.to_json() == {**old, "held_out_digest": ""}  # no before, no flip layer: not written
-    full = {**old, "held_out_digest": "cd", "before": {"accuracy": 0.25}, "flip_model": {"w": [0.5]}}
+    full = {**old, "held_out_digest": "cd", "before": {"accuracy": 0.25}, "flip_model": {"w": [0.5]}, "root_model": {}}
     assert list(RunState.from_json(full).to_json().items()) == list(full.items())  # the order the trainer wrote
 
 
 def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     decay = "update.final_lr=0.5"  # the rate of a step is a function of the step: a resume sets the same one
-    calibrated = "predictor.flip_model=calibrated"  # stage 2's flip layer learns online: the checkpoint keeps it
-    assert main(["train", *SMALL, decay, calibrated, "steps=2", "seed=0", f"out={full}", "save_every=1"]) == 0
-    layer = json.loads((full / "global_step_2" / "trainer_state.json").read_text())["flip_model"]
-    assert layer["steps_seen"] == 2  # the setting reached the engine, which updated the layer every step
+    # stage 2's flip layer and stage 1's root layer learn online: the checkpoint keeps them
+    calibrated = ("predictor.flip_model=calibrated", "predictor.root_model=calibrated")
+    assert main(["train", *SMALL, decay, *calibrated, "steps=2", "seed=0", f"out={full}", "save_every=1"]) == 0
+    state = json.loads((full / "global_step_2" / "trainer_state.json").read_text())
+    layer, roots = state["flip_model"], state["root_model"]
+    assert layer["steps_seen"] == roots["steps_seen"] == 2  # the settings reached the engine, which updated both
     assert (full / "global_step_2" / "config.json").exists() and (full / "global_step_2" / "optimizer.pt").exists()
     recs = records(full)
     assert [r["step"] for r in recs] == [0, 1]
@@ -73,10 +75,10 @@ def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
     ):
         assert key in recs[-1], key
     assert [r["train/lr"] for r in recs] == [2e-4, 1e-4]
-    assert main(["train", *SMALL, decay, calibrated, "steps=1", "seed=0", f"out={part}"]) == 0
-    assert main(["train", *SMALL, decay, calibrated, "steps=2", "seed=0", f"out={part}", "resume=true"]) == 0
-    again_layer = json.loads((part / "global_step_2" / "trainer_state.json").read_text())["flip_model"]
-    assert again_layer == layer
+    assert main(["train", *SMALL, decay, *calibrated, "steps=1", "seed=0", f"out={part}"]) == 0
+    assert main(["train", *SMALL, decay, *calibrated, "steps=2", "seed=0", f"out={part}", "resume=true"]) == 0
+    again = json.loads((part / "global_step_2" / "trainer_state.json").read_text())
+    assert again["flip_model"] == layer and again["root_model"] == roots
     again = records(part)
     assert [r["step"] for r in again] == [0, 1]
     assert untimed(again[1]) == untimed(recs[1])
