@@ -117,6 +117,7 @@ def test_the_root_model_setting_reaches_tracess_root_allocator_only():
         )
         for kind in ("raw", "calibrated")
     }
+
     def untimed(recs):
         return [{k: v for k, v in r.items() if not k.startswith("timing_s/")} for r in recs]
 
