@@ -198,26 +198,6 @@ def test_the_start_the_standard_error_and_the_predictions_are_logged(tmp_path):
     assert (out / "chain.png").is_file() and (out / "accuracy.png").is_file()
 
 
-def test_compare_runs_are_paired_and_a_rerun_reads_them(tmp_path, capsys):
-    from trace_rl.train.compare import check_pairing, load_runs
-
-    args = ["compare", f"out={tmp_path}", "methods=[grpo,trace]", "seeds=[3]", "train.steps=1"]
-    args += [f"train.{a}" for a in SMALL]
-    assert main(args) == 0
-    runs = load_runs(tmp_path, ["grpo", "trace"])
-    assert check_pairing(runs) == []  # same start, same held-out set, same pools on the seed
-    grpo, trace = runs["grpo"][0], runs["trace"][0]
-    assert grpo["accuracy_before"] == trace["accuracy_before"]
-    assert grpo["held_out_digest"] == trace["held_out_digest"] and grpo["pools_digest"] == trace["pools_digest"]
-    table = capsys.readouterr().out
-    assert "after_vs_grpo" in table and "trace" in table
-    stamp = (tmp_path / "trace" / "seed3" / "metrics.jsonl").stat().st_mtime_ns
-    assert main(args) == 0
-    assert (tmp_path / "trace" / "seed3" / "metrics.jsonl").stat().st_mtime_ns == stamp  # read, not rerun
-    for png in ("accuracy_vs_rollouts.png", "accuracy_vs_tokens.png", "chain.png"):
-        assert (tmp_path / png).is_file(), png
-
-
 def test_compare_pairs_vip_with_grpo(tmp_path, capsys):
     from trace_rl.train.compare import check_pairing, load_runs
 
@@ -230,31 +210,42 @@ def test_compare_pairs_vip_with_grpo(tmp_path, capsys):
     assert "vip" in capsys.readouterr().out
 
 
-def test_compare_evaluates_the_start_once_per_seed_and_gets_the_number_a_lone_run_gets(tmp_path, monkeypatch):
+def test_compare_pairs_its_runs_evaluates_the_start_once_and_gets_what_a_lone_run_gets(tmp_path, monkeypatch, capsys):
     """A compare run is the `trace-rl train` run of its settings: the same evaluation of the start, computed once
-    per seed, and the same records and predictions (what `compare` over `train` must keep)."""
+    per seed, and the same records and predictions (what `compare` over `train` must keep); its runs are paired,
+    and a rerun reads them instead of training again."""
     import trace_rl.train.trainer as trainer
     from trace_rl.rollout.records import read_metrics
-    from trace_rl.train.compare import load_runs
+    from trace_rl.train.compare import check_pairing, load_runs
 
     calls = []
     real = trainer.evaluate_policy
     monkeypatch.setattr(
         trainer, "evaluate_policy", lambda cfg, eng, tasks, step: calls.append(step) or real(cfg, eng, tasks, step)
     )
-    args = ["compare", f"out={tmp_path / 'cmp'}", "methods=[grpo,trace]", "seeds=[3]", "train.steps=1"]
-    assert main(args + [f"train.{a}" for a in SMALL]) == 0
+    cmp = tmp_path / "cmp"
+    args = ["compare", f"out={cmp}", "methods=[grpo,trace]", "seeds=[3]", "train.steps=1"]
+    args += [f"train.{a}" for a in SMALL]
+    assert main(args) == 0
     assert calls.count(0) == 1  # the second method of the seed reads the first one's evaluation
-    runs = load_runs(tmp_path / "cmp", ["grpo", "trace"])
-    shared = runs["trace"][0]["records"][0]
-    assert shared["eval/accuracy_before"] == runs["grpo"][0]["records"][0]["eval/accuracy_before"]
+    runs = load_runs(cmp, ["grpo", "trace"])
+    assert check_pairing(runs) == []  # same start, same held-out set, same pools on the seed
+    grpo, trace = runs["grpo"][0], runs["trace"][0]
+    assert grpo["accuracy_before"] == trace["accuracy_before"]
+    assert grpo["held_out_digest"] == trace["held_out_digest"] and grpo["pools_digest"] == trace["pools_digest"]
+    assert trace["records"][0]["eval/accuracy_before"] == grpo["records"][0]["eval/accuracy_before"]
+    table = capsys.readouterr().out
+    assert "after_vs_grpo" in table and "trace" in table
+    for png in ("accuracy_vs_rollouts.png", "accuracy_vs_tokens.png", "chain.png"):
+        assert (cmp / png).is_file(), png
+    stamp = (cmp / "trace" / "seed3" / "metrics.jsonl").stat().st_mtime_ns
+    assert main(args) == 0
+    assert (cmp / "trace" / "seed3" / "metrics.jsonl").stat().st_mtime_ns == stamp  # read, not rerun
     assert main(["train", f"out={tmp_path / 'alone'}", "method=trace", "seed=3", "steps=1", *SMALL]) == 0
     alone = json.loads((tmp_path / "alone" / "train_summary.json").read_text())
-    assert alone["before"] == runs["trace"][0]["before"]  # evaluated on its own: the very same figures
-    lone, paired = tmp_path / "alone", tmp_path / "cmp" / "trace" / "seed3"
-    assert [untimed(r) for r in read_metrics(lone / "metrics.jsonl")["trace"]] == [
-        untimed(r) for r in runs["trace"][0]["records"]
-    ]
+    assert alone["before"] == trace["before"]  # evaluated on its own: the very same figures
+    lone, paired = tmp_path / "alone", cmp / "trace" / "seed3"
+    assert [untimed(r) for r in read_metrics(lone / "metrics.jsonl")["trace"]] == [untimed(r) for r in trace["records"]]
     assert (lone / "predictions.jsonl").read_text() == (paired / "predictions.jsonl").read_text()
 
 
