@@ -12,7 +12,6 @@ import pytest
 
 from trace_rl.allocation import allocate_prefixes, prefix_flip_prob
 from trace_rl.predictors.flip import (
-    MAX_HALF_LIVES,
     FlipCalibrator,
     FlipPrior,
     beta_flip_prior,
@@ -20,6 +19,7 @@ from trace_rl.predictors.flip import (
     flip_observations,
     make_flip_model,
 )
+from trace_rl.predictors.map_logistic import MAX_HALF_LIVES
 from trace_rl.tree import BRANCH, RolloutTree
 
 

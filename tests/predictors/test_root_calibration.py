@@ -5,9 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from trace_rl.predictors.map_logistic import expit, logit
+from trace_rl.predictors.map_logistic import MAX_HALF_LIVES, expit, logit
 from trace_rl.predictors.root_calibration import (
-    MAX_HALF_LIVES,
     RootCalibrator,
     make_root_model,
     root_observations,

@@ -63,13 +63,12 @@ import numpy as np
 
 from ..allocation import prefix_flip_prob
 from ..tree import RolloutTree
+from .map_logistic import AgedLogisticLayer, fit_map_logistic
 from .map_logistic import expit as _expit
-from .map_logistic import fit_map_logistic
 from .map_logistic import logit as _logit
 from .map_logistic import positive as _positive
 
 FLIP_MODELS = ("raw", "calibrated")  # the setting `predictor.flip_model`: q from V~ alone, or this layer
-MAX_HALF_LIVES = 10.0  # rows older than this many half-lives weigh below 2^-10 and are dropped
 
 
 def beta_flip_prior(q, kappa: float) -> np.ndarray:
@@ -78,8 +77,10 @@ def beta_flip_prior(q, kappa: float) -> np.ndarray:
     return np.asarray(q, dtype=np.float64) * (kappa / (kappa + 1.0))
 
 
-class FlipCalibrator:
+class FlipCalibrator(AgedLogisticLayer):
     """P(a continuation flips its rollout's outcome | r, V~, depth), online (see the module docstring)."""
+
+    name = "flip model"
 
     def __init__(
         self,
@@ -154,12 +155,7 @@ class FlipCalibrator:
         whole = np.all(k == np.round(k)) and np.all(f == np.round(f))
         if k.size and (not whole or k.min() < 1 or f.min() < 0 or np.any(f > k)):
             raise ValueError("continuations must be integers >= 1 and flips integers in 0..continuations")
-        rows = self._rows.copy()
-        rows[:, 5] += 1.0
-        rows = rows[rows[:, 5] <= MAX_HALF_LIVES * self.half_life]
-        self._rows = np.concatenate([rows, np.stack([success, q, dbin, k, f, np.zeros_like(q)], axis=1)])
-        self.steps_seen += 1
-        self.theta = self._fit()
+        self._add_step(np.stack([success, q, dbin, k, f, np.zeros_like(q)], axis=1))
 
     def _fit(self) -> np.ndarray:
         """MAP theta on the rows (always from the prior mean, so a restored state refits to the same numbers)."""
@@ -171,8 +167,7 @@ class FlipCalibrator:
         return fit_map_logistic(x, offset, k, f, w, self._precision(), self.prior_mean)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """What a checkpoint needs (JSON-safe: floats written by json round-trip exactly)."""
+    def _settings(self) -> dict:
         settings = {
             "kappa": self.kappa,
             "sigma_cell": self.sigma_cell,
@@ -182,20 +177,7 @@ class FlipCalibrator:
         }
         if np.any(self.prior_mean != 0):  # only with a fitted prior: checkpoints from before it still load
             settings["prior_mean"] = self.prior_mean.tolist()
-        return {
-            "settings": settings,
-            "steps_seen": self.steps_seen,
-            "rows": self._rows.tolist(),
-            "theta": self.theta.tolist(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what `state_dict` wrote; a state of other settings is refused in one line."""
-        if state.get("settings") != self.state_dict()["settings"]:
-            raise ValueError(f"flip model: the saved settings {state.get('settings')} differ from this one's")
-        rows = np.asarray(state["rows"], dtype=np.float64).reshape(-1, 6)
-        self._rows, self.steps_seen = rows, int(state["steps_seen"])
-        self.theta = np.asarray(state["theta"], dtype=np.float64)
+        return settings
 
 
 def flip_observations(trees: Iterable[RolloutTree]) -> tuple[np.ndarray, ...]:

@@ -1,6 +1,6 @@
-"""The maximum-a-posteriori fit of a binomial logistic model under a Gaussian prior, with weighted rows: the
-solver both online calibration layers use (`predictors.flip` for stage 2's flip, `predictors.root_calibration`
-for V~ at the roots). numpy only.
+"""The maximum-a-posteriori fit of a binomial logistic model under a Gaussian prior, with weighted rows, and the
+online layer around it that ages its rows by a half-life: what both calibration layers share (`predictors.flip`
+for stage 2's flip, `predictors.root_calibration` for V~ at the roots). numpy only.
 
     minimise  sum_j w_j (k_j log(1 + e^eta_j) - f_j eta_j) + 1/2 sum_i prec_i (theta_i - mean_i)^2,
     eta = offset + X theta
@@ -16,6 +16,7 @@ import numpy as np
 
 Z_CLIP = 6.0  # |logit p| is clipped here (p in [0.0025, 0.9975]): a probability of exactly 0 or 1 stays finite
 MAX_NEWTON = 50
+MAX_HALF_LIVES = 10.0  # rows older than this many half-lives weigh below 2^-10 and are dropped
 
 
 def logit(p) -> np.ndarray:
@@ -70,3 +71,49 @@ def fit_map_logistic(
         if done:
             break
     return theta
+
+
+class AgedLogisticLayer:
+    """A layer refitted once a step on rows that age: each row's last column is its age in steps, and it weighs
+    0.5^(age / half_life) in the fit (`_fit`, the subclass's); rows older than MAX_HALF_LIVES half-lives are
+    dropped, which bounds memory. A subclass sets `half_life`, `prior_mean`, `theta`, `name` and `_rows` (an empty
+    array of its row width), and says its settings (`_settings`), which a checkpoint's state must match."""
+
+    name = "layer"
+    half_life: float
+    prior_mean: np.ndarray
+    theta: np.ndarray
+    _rows: np.ndarray
+    steps_seen: int = 0
+
+    def _fit(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _settings(self) -> dict:
+        raise NotImplementedError
+
+    def _add_step(self, new_rows: np.ndarray) -> None:
+        """Age the rows seen so far by one step, drop the oldest, add this step's (age 0), refit."""
+        rows = self._rows.copy()
+        rows[:, -1] += 1.0
+        rows = rows[rows[:, -1] <= MAX_HALF_LIVES * self.half_life]
+        self._rows = np.concatenate([rows, new_rows])
+        self.steps_seen += 1
+        self.theta = self._fit()
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs (JSON-safe: floats written by json round-trip exactly)."""
+        return {
+            "settings": self._settings(),
+            "steps_seen": self.steps_seen,
+            "rows": self._rows.tolist(),
+            "theta": self.theta.tolist(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` wrote; a state of other settings is refused in one line."""
+        if state.get("settings") != self._settings():
+            raise ValueError(f"{self.name}: the saved settings {state.get('settings')} differ from this one's")
+        self._rows = np.asarray(state["rows"], dtype=np.float64).reshape(-1, self._rows.shape[1])
+        self.steps_seen = int(state["steps_seen"])
+        self.theta = np.asarray(state["theta"], dtype=np.float64)

@@ -30,18 +30,19 @@ from __future__ import annotations
 import numpy as np
 
 from ..tree import RolloutTree
-from .map_logistic import expit, fit_map_logistic, logit, positive
+from .map_logistic import AgedLogisticLayer, expit, fit_map_logistic, logit, positive
 
 ROOT_MODELS = ("raw", "calibrated")  # the setting `predictor.root_model`: V~ as is, or this layer
-MAX_HALF_LIVES = 10.0  # rows older than this many half-lives weigh below 2^-10 and are dropped
 # chosen on the default LM task's tuning seeds 10-12 (tiny@0) by the replay's log loss per bare rollout over a grid
 # of sigma_a 0.5-2, sigma_b 0.25-0.5, half-life 4-16 (`bench/replay_root_layer.py`;
 # docs/results/2026-12-03-flip-layer-own-selection.md): the grid's losses lie within 0.004 of each other
 SIGMA_A, SIGMA_B, HALF_LIFE = 0.5, 0.25, 16.0
 
 
-class RootCalibrator:
+class RootCalibrator(AgedLogisticLayer):
     """P(a bare rollout of a prompt succeeds | its V~), online (see the module docstring)."""
+
+    name = "root model"
 
     def __init__(self, sigma_a: float = SIGMA_A, sigma_b: float = SIGMA_B, half_life: float = HALF_LIFE):
         self.sigma_a = positive("sigma_a", sigma_a)
@@ -75,12 +76,7 @@ class RootCalibrator:
         whole = np.all(n == np.round(n)) and np.all(s == np.round(s))
         if n.size and (not whole or n.min() < 1 or s.min() < 0 or np.any(s > n)):
             raise ValueError("rollouts must be integers >= 1 and successes integers in 0..rollouts")
-        rows = self._rows.copy()
-        rows[:, 3] += 1.0
-        rows = rows[rows[:, 3] <= MAX_HALF_LIVES * self.half_life]
-        self._rows = np.concatenate([rows, np.stack([z, n, s, np.zeros_like(z)], axis=1)])
-        self.steps_seen += 1
-        self.theta = self._fit()
+        self._add_step(np.stack([z, n, s, np.zeros_like(z)], axis=1))
 
     def _fit(self) -> np.ndarray:
         if not len(self._rows):
@@ -90,23 +86,8 @@ class RootCalibrator:
         precision = np.array([self.sigma_a**-2.0, self.sigma_b**-2.0])
         return fit_map_logistic(x, np.zeros_like(z), n, s, 0.5 ** (age / self.half_life), precision, self.prior_mean)
 
-    def state_dict(self) -> dict:
-        """What a checkpoint needs (JSON-safe: floats written by json round-trip exactly)."""
-        settings = {"sigma_a": self.sigma_a, "sigma_b": self.sigma_b, "half_life": self.half_life}
-        return {
-            "settings": settings,
-            "steps_seen": self.steps_seen,
-            "rows": self._rows.tolist(),
-            "theta": self.theta.tolist(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what `state_dict` wrote; a state of other settings is refused in one line."""
-        if state.get("settings") != self.state_dict()["settings"]:
-            raise ValueError(f"root model: the saved settings {state.get('settings')} differ from this one's")
-        self._rows = np.asarray(state["rows"], dtype=np.float64).reshape(-1, 4)
-        self.steps_seen = int(state["steps_seen"])
-        self.theta = np.asarray(state["theta"], dtype=np.float64)
+    def _settings(self) -> dict:
+        return {"sigma_a": self.sigma_a, "sigma_b": self.sigma_b, "half_life": self.half_life}
 
 
 def root_observations(trees: list[RolloutTree]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
