@@ -63,7 +63,7 @@ import numpy as np
 
 from ..allocation import prefix_flip_prob
 from ..tree import RolloutTree
-from .map_logistic import AgedLogisticLayer, fit_map_logistic
+from .map_logistic import AgedLogisticLayer, binomial_counts, fit_map_logistic
 from .map_logistic import expit as _expit
 from .map_logistic import logit as _logit
 from .map_logistic import positive as _positive
@@ -148,13 +148,7 @@ class FlipCalibrator(AgedLogisticLayer):
         """One step's chosen anchors (their bare reward, V~ when stage 2 scored them, depth, how many
         continuations they grew and how many flipped): age the rows seen so far by one step, add these, refit."""
         success, q, dbin = self._inputs(reward, v, depth)
-        k = np.asarray(continuations, dtype=np.float64)
-        f = np.asarray(flips, dtype=np.float64)
-        if not k.shape == f.shape == q.shape:
-            raise ValueError(f"continuations and flips must match the anchors, got {k.shape}, {f.shape}, {q.shape}")
-        whole = np.all(k == np.round(k)) and np.all(f == np.round(f))
-        if k.size and (not whole or k.min() < 1 or f.min() < 0 or np.any(f > k)):
-            raise ValueError("continuations must be integers >= 1 and flips integers in 0..continuations")
+        k, f = binomial_counts(continuations, flips, q.shape, ("continuations", "flips"), "the anchors")
         self._add_step(np.stack([success, q, dbin, k, f, np.zeros_like(q)], axis=1))
 
     def _fit(self) -> np.ndarray:

@@ -35,6 +35,19 @@ def positive(name: str, x) -> float:
     return float(x)
 
 
+def binomial_counts(trials, hits, shape: tuple, names: tuple[str, str], of: str) -> tuple[np.ndarray, np.ndarray]:
+    """(trials, hits) as float arrays of `shape`, whole numbers with 0 <= hits <= trials and trials >= 1; else one
+    line naming them (`names`) and what they belong to (`of`)."""
+    k = np.asarray(trials, dtype=np.float64)
+    f = np.asarray(hits, dtype=np.float64)
+    if not k.shape == f.shape == shape:
+        raise ValueError(f"{names[0]} and {names[1]} must match {of}, got {k.shape}, {f.shape}, {shape}")
+    whole = np.all(k == np.round(k)) and np.all(f == np.round(f))
+    if k.size and (not whole or k.min() < 1 or f.min() < 0 or np.any(f > k)):
+        raise ValueError(f"{names[0]} must be integers >= 1 and {names[1]} integers in 0..{names[0]}")
+    return k, f
+
+
 def fit_map_logistic(
     x: np.ndarray,
     offset: np.ndarray,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tree import RolloutTree
-from .map_logistic import AgedLogisticLayer, expit, fit_map_logistic, logit, positive
+from .map_logistic import AgedLogisticLayer, binomial_counts, expit, fit_map_logistic, logit, positive
 
 ROOT_MODELS = ("raw", "calibrated")  # the setting `predictor.root_model`: V~ as is, or this layer
 # chosen on the default LM task's tuning seeds 10-12 (tiny@0) by the replay's log loss per bare rollout over a grid
@@ -69,13 +69,7 @@ class RootCalibrator(AgedLogisticLayer):
         """One step's active roots (V~ at allocation, bare rollouts, how many succeeded): age the rows seen so far by
         one step, add these, refit."""
         z = logit(self._check_v(v))
-        n = np.asarray(rollouts, dtype=np.float64)
-        s = np.asarray(successes, dtype=np.float64)
-        if not n.shape == s.shape == z.shape:
-            raise ValueError(f"rollouts and successes must match v, got {n.shape}, {s.shape}, {z.shape}")
-        whole = np.all(n == np.round(n)) and np.all(s == np.round(s))
-        if n.size and (not whole or n.min() < 1 or s.min() < 0 or np.any(s > n)):
-            raise ValueError("rollouts must be integers >= 1 and successes integers in 0..rollouts")
+        n, s = binomial_counts(rollouts, successes, z.shape, ("rollouts", "successes"), "v")
         self._add_step(np.stack([z, n, s, np.zeros_like(z)], axis=1))
 
     def _fit(self) -> np.ndarray:
