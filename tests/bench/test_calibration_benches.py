@@ -1,0 +1,117 @@
+"""bench/loo_flip_layer.py, bench/replay_root_layer.py and bench/root_outcomes.py on hand-written runs: what each
+prints is computed from the layers and records it names (the figures in the notes come from these)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trace_rl.predictors.flip import FlipPrior, fit_flip_prior
+from trace_rl.predictors.root_calibration import RootCalibrator
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # the scripts import fit_flip_prior as a script would
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_run(path: Path, seed: int) -> None:
+    """Three steps of `trace`: roots with bare outcomes, chosen anchors with continuations and flips."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for step in range(3):
+        for _ in range(4):
+            k = int(rng.integers(2, 5))
+            recs.append(
+                {
+                    "method": "trace",
+                    "step": step,
+                    "depth": 0,
+                    "predicted": float(rng.uniform(0.1, 0.9)),
+                    "target": 0.5,
+                    "leaves": k,
+                    "bare_rollouts": k,
+                    "bare_successes": int(rng.integers(0, k + 1)),
+                }
+            )
+            c = int(rng.integers(1, 3))
+            recs.append({"method": "trace", "step": step, "depth": int(rng.integers(1, 5)),
+                         "predicted": float(rng.uniform(0.1, 0.9)), "bare_reward": float(rng.integers(0, 2)),
+                         "continuations": c, "flips": int(rng.integers(0, c + 1))})  # fmt: skip
+    path.mkdir(parents=True)
+    (path / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+@pytest.fixture()
+def runs(tmp_path):
+    dirs = [tmp_path / "trace" / f"seed{s}" for s in (10, 11, 12)]
+    for seed, d in enumerate(dirs):
+        _write_run(d, seed)
+    return dirs
+
+
+def test_loo_refits_without_the_held_out_run_and_replays_it(runs, tmp_path, monkeypatch, capsys):
+    loo = _load("loo_flip_layer", monkeypatch)
+    fit = _load("fit_flip_prior", monkeypatch)
+    own = fit.read_runs([str(d) for d in runs])
+    names = list(own)
+    prior = fit_flip_prior([fit.pooled(own[n]) for n in names[1:]], 1.0, loo.SIGMA_SLOPE)  # the first held out
+    data = loo.replay(own[names[0]], prior, 4.0, 1.0)
+    r, v, d = (np.concatenate([own[names[0]][0][i]]) for i in range(3))
+    assert np.allclose(data[data[:, 0] == 0, 5], prior.layer(4.0).predict(r, v, d), atol=1e-12)  # step 0: the prior
+    shipped = tmp_path / "shipped.json"
+    fit_flip_prior([fit.pooled(own[n]) for n in names], 0.5, 0.25).save(shipped)
+    argv = ["loo_flip_layer.py", "--shipped", str(shipped), "--own", *map(str, runs), "--half-lives", "4"]
+    monkeypatch.setattr(sys, "argv", argv + ["--sigmas", "1.0"])
+    loo.main()
+    out = capsys.readouterr().out
+    assert out.count("half-life    4 sigma 1.0") == 2 and "worst 1-3" in out  # shipped and own, no other runs
+    monkeypatch.setattr(sys, "argv", ["loo_flip_layer.py", "--shipped", str(shipped), "--own", str(runs[0])])
+    with pytest.raises(SystemExit, match="at least two"):
+        loo.main()
+
+
+def test_the_prior_file_carries_the_half_life_the_script_was_given(runs, tmp_path, monkeypatch):
+    fit = _load("fit_flip_prior", monkeypatch)
+    out = tmp_path / "prior.json"
+    monkeypatch.setattr(sys, "argv", ["fit_flip_prior.py", str(out), str(runs[0]), "--half-life", "4"])
+    fit.main()
+    assert FlipPrior.load(out).half_life == 4.0 and FlipPrior.load(out).layer().half_life == 4.0
+
+
+def test_the_root_replay_is_the_layer_step_by_step(runs, monkeypatch, capsys):
+    replay = _load("replay_root_layer", monkeypatch)
+    (steps, *_) = replay.read_roots([str(runs[0])]).values()
+    data = replay.replay(steps, RootCalibrator(0.5, 0.25, 16.0))
+    layer = RootCalibrator(0.5, 0.25, 16.0)
+    for step in sorted(steps):
+        v, n, s = steps[step]
+        assert np.array_equal(data[data[:, 0] == step, 4], layer.predict(v))  # predicted before it observes
+        layer.observe(v, n, s)
+    grid = ["--sigma-a", "0.5,1", "--sigma-b", "0.25", "--half-lives", "16"]
+    monkeypatch.setattr(sys, "argv", ["replay_root_layer.py", *map(str, runs), *grid])
+    replay.main()
+    out = capsys.readouterr().out
+    assert out.startswith("3 runs") and "V~ itself" in out and out.count("half-life   16") == 2
+
+
+def test_root_outcomes_counts_the_roots_bare_results(runs, monkeypatch, capsys):
+    outcomes = _load("root_outcomes", monkeypatch)
+    rows = outcomes.root_rows(runs[0].parent)
+    recs = [json.loads(x) for d in runs for x in (d / "predictions.jsonl").read_text().splitlines()]
+    roots = [r for r in recs if r["depth"] == 0]
+    assert len(rows) == len(roots) and rows[:, 1].sum() == sum(r["bare_successes"] for r in roots)
+    monkeypatch.setattr(sys, "argv", ["root_outcomes.py", str(runs[0].parent)])
+    outcomes.main()
+    line = capsys.readouterr().out.splitlines()[1].split()
+    k, s = rows[:, 0], rows[:, 1]
+    assert float(line[3]) == pytest.approx(s.sum() / k.sum(), abs=5e-4)
+    assert float(line[4]) == pytest.approx(np.mean(s == 0), abs=5e-4)
