@@ -41,7 +41,7 @@ def untimed(rec: dict) -> dict:
 
 
 def test_the_run_state_reads_every_trainer_state_file_and_writes_the_same_keys():
-    from trace_rl.train.trainer import RunState
+    from trace_rl.train.checkpoint import RunState
 
     old = {"step": 3, "accuracy_before": 0.25, "rollouts": 48, "pools_digest": "ab"}  # before the digests and start
     state = RunState.from_json(old)

@@ -3,8 +3,9 @@ when complete, so a directory with that name is always whole (a kill at any mome
 `.tmp-*` directory, which is ignored and removed). `keep_last` bounds the disk.
 
 A checkpoint holds what the next step reads: the policy (`save_pretrained`), the optimizer state, the
-predictor (pickled: numpy state, its replay window and random stream), the trainer state (the step, which is
-also the data position: pools are drawn per step from the run's seed), the RNG states of python, numpy and
+predictor (pickled: numpy state, its replay window and random stream), the trainer state (`RunState`, as
+trainer_state.json: the step, which is also the data position, since pools are drawn per step from the run's seed,
+and the online calibration layers' states), the RNG states of python, numpy and
 torch, and the resolved config. Pickles are read back only from the run's own directory; never load a
 checkpoint from a source you do not trust.
 
@@ -31,6 +32,7 @@ regular file (`safe_read`), so a FIFO in place of a file fails at once instead o
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -374,3 +376,34 @@ def restore(ckpt: Checkpoint, model, optimizer) -> None:
     np.random.set_state(ckpt.rng["numpy"])
     torch.set_rng_state(ckpt.rng["torch"])
     ckpt.weights = {}  # the model holds them now
+
+
+LAYERS = ("flip_model", "root_model")  # the engine's online calibration layers: RunState keeps each one's state
+
+
+@dataclasses.dataclass
+class RunState:
+    """What a run has reached, saved in each checkpoint as trainer_state.json and read back on resume: the step
+    (also the data position: pools are drawn per step from the seed), the evaluation before training, rollouts
+    spent, the digests of the held-out tasks and of the pools so far (`compare` checks that paired runs share
+    them), and the calibrated layers' states. The file's keys are these fields' names; a checkpoint written
+    before a field existed reads it as its default."""
+
+    step: int = 0
+    accuracy_before: float | None = None
+    rollouts: int = 0
+    pools_digest: str = ""
+    held_out_digest: str = ""
+    before: dict | None = None  # the evaluation before training (accuracy and its standard errors)
+    flip_model: dict | None = None  # predictors.flip's state, with predictor.flip_model=calibrated
+    root_model: dict | None = None  # predictors.root_calibration's state, with predictor.root_model=calibrated
+
+    def to_json(self) -> dict:
+        """The trainer_state.json document; `before` and the layers' states only when set (as files always held)."""
+        doc = dataclasses.asdict(self)
+        return {k: v for k, v in doc.items() if v is not None or k not in ("before", *LAYERS)}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> RunState:
+        """From a checkpoint's trainer_state.json (`checkpoint.read_checkpoint` has checked its step)."""
+        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})

@@ -40,7 +40,7 @@ from ..seeding import derive_seed
 from ..stack.build import build_env, build_predictor, build_stack
 from ..stack.config import LMEnvConfig, LMRunConfig, check_seed, env_config
 from ..trace_config import TraceConfig, check_advantage, check_method
-from .checkpoint import entries, restore, resume_point, run_record, save_checkpoint
+from .checkpoint import LAYERS, RunState, entries, restore, resume_point, run_record, save_checkpoint
 from .learner import LMLearner
 from .loggers import SINKS, StepLogger
 from .update import UpdateConfig, make_optimizer
@@ -221,34 +221,6 @@ def _peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kilobytes on Linux
 
 
-@dataclass
-class RunState:
-    """What a run has reached, saved in each checkpoint as trainer_state.json and read back on resume: the step
-    (also the data position: pools are drawn per step from the seed), the evaluation before training, rollouts
-    spent, the digests of the held-out tasks and of the pools so far (`compare` checks that paired runs share
-    them), and the calibrated flip layer's state. The file's keys are these fields' names; a checkpoint written
-    before a field existed reads it as its default."""
-
-    step: int = 0
-    accuracy_before: float | None = None
-    rollouts: int = 0
-    pools_digest: str = ""
-    held_out_digest: str = ""
-    before: dict | None = None  # the evaluation before training (accuracy and its standard errors)
-    flip_model: dict | None = None  # predictors.flip's state, with predictor.flip_model=calibrated
-    root_model: dict | None = None  # predictors.root_calibration's state, with predictor.root_model=calibrated
-
-    def to_json(self) -> dict:
-        """The trainer_state.json document; `before` and the layers' states only when set (as files always held)."""
-        doc = dataclasses.asdict(self)
-        return {k: v for k, v in doc.items() if v is not None or k not in ("before", "flip_model", "root_model")}
-
-    @classmethod
-    def from_json(cls, doc: dict) -> RunState:
-        """From a checkpoint's trainer_state.json (`checkpoint.read_checkpoint` has checked its step)."""
-        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc})
-
-
 def _finished_summary(cfg: TrainConfig, out: Path, state: RunState) -> dict:
     """The summary of a run that already reached its steps: the one it wrote, else what its checkpoint holds."""
     try:
@@ -320,10 +292,9 @@ class TrainRun:
         at the last."""
         cfg, state = self.cfg, self.state
         state.step = step + 1
-        if self.engine.flip_model is not None:  # the calibrated flip layer resumes from the checkpoint's state
-            state.flip_model = self.engine.flip_model.state_dict()
-        if self.engine.root_model is not None:  # and so does the root layer
-            state.root_model = self.engine.root_model.state_dict()
+        for name in LAYERS:  # a calibrated layer resumes from the checkpoint's state
+            if (layer := getattr(self.engine, name)) is not None:
+                setattr(state, name, layer.state_dict())
         if (step + 1) % cfg.save_every == 0 or step == cfg.steps - 1:
             model, optimizer, predictor = self.learner.model, self.learner.optimizer, self.engine.predictor
             doc, yaml = state.to_json(), self.config_yaml
@@ -385,10 +356,9 @@ def build_run(cfg: TrainConfig, ckpt, identity: dict, config_yaml: str) -> Train
         flip_prior=cfg.predictor.flip_prior,
         root_model=cfg.predictor.root_model,
     )
-    if engine.flip_model is not None and state.flip_model:  # a resumed run's layer, as it was saved
-        engine.flip_model.load_state_dict(state.flip_model)
-    if engine.root_model is not None and state.root_model:
-        engine.root_model.load_state_dict(state.root_model)
+    for name in LAYERS:  # a resumed run's layers, as they were saved
+        if (layer := getattr(engine, name)) is not None and getattr(state, name):
+            layer.load_state_dict(getattr(state, name))
     held_out = spec.held_out(cfg.eval_tasks, derive_seed(cfg.seed, "held-out"))
     state.held_out_digest = task_digest(held_out)
     learner = LMLearner(
