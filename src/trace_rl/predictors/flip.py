@@ -63,7 +63,7 @@ import numpy as np
 
 from ..allocation import prefix_flip_prob
 from ..tree import RolloutTree
-from .map_logistic import AgedLogisticLayer, binomial_counts, fit_map_logistic
+from .map_logistic import AgedLogisticLayer, binomial_counts
 from .map_logistic import expit as _expit
 from .map_logistic import logit as _logit
 from .map_logistic import positive as _positive
@@ -151,14 +151,10 @@ class FlipCalibrator(AgedLogisticLayer):
         k, f = binomial_counts(continuations, flips, q.shape, ("continuations", "flips"), "the anchors")
         self._add_step(np.stack([success, q, dbin, k, f, np.zeros_like(q)], axis=1))
 
-    def _fit(self) -> np.ndarray:
-        """MAP theta on the rows (always from the prior mean, so a restored state refits to the same numbers)."""
-        if not len(self._rows):
-            return self.prior_mean.copy()
-        success, q, dbin, k, f, age = self._rows.T
+    def _data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        success, q, dbin, k, f, _ = self._rows.T
         x, offset = self._design(success, q, dbin.astype(np.int64))
-        w = 0.5 ** (age / self.half_life)
-        return fit_map_logistic(x, offset, k, f, w, self._precision(), self.prior_mean)
+        return x, offset, k, f
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _settings(self) -> dict:

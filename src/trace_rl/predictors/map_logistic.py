@@ -88,9 +88,10 @@ def fit_map_logistic(
 
 class AgedLogisticLayer:
     """A layer refitted once a step on rows that age: each row's last column is its age in steps, and it weighs
-    0.5^(age / half_life) in the fit (`_fit`, the subclass's); rows older than MAX_HALF_LIVES half-lives are
-    dropped, which bounds memory. A subclass sets `half_life`, `prior_mean`, `theta`, `name` and `_rows` (an empty
-    array of its row width), and says its settings (`_settings`), which a checkpoint's state must match."""
+    0.5^(age / half_life) in the MAP fit; rows older than MAX_HALF_LIVES half-lives are dropped, which bounds
+    memory. A subclass sets `half_life`, `prior_mean`, `theta`, `name` and `_rows` (an empty array of its row
+    width), and says how its rows enter the model (`_data`: design, offset, trials, hits), its prior's precision
+    (`_precision`) and its settings (`_settings`, which a checkpoint's state must match)."""
 
     name = "layer"
     half_life: float
@@ -99,11 +100,22 @@ class AgedLogisticLayer:
     _rows: np.ndarray
     steps_seen: int = 0
 
-    def _fit(self) -> np.ndarray:
+    def _data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _precision(self) -> np.ndarray:
         raise NotImplementedError
 
     def _settings(self) -> dict:
         raise NotImplementedError
+
+    def _fit(self) -> np.ndarray:
+        """MAP theta on the rows (always from the prior mean, so a restored state refits to the same numbers)."""
+        if not len(self._rows):
+            return self.prior_mean.copy()
+        x, offset, k, f = self._data()
+        w = 0.5 ** (self._rows[:, -1] / self.half_life)
+        return fit_map_logistic(x, offset, k, f, w, self._precision(), self.prior_mean)
 
     def _add_step(self, new_rows: np.ndarray) -> None:
         """Age the rows seen so far by one step, drop the oldest, add this step's (age 0), refit."""

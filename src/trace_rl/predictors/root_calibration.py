@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tree import RolloutTree
-from .map_logistic import AgedLogisticLayer, binomial_counts, expit, fit_map_logistic, logit, positive
+from .map_logistic import AgedLogisticLayer, binomial_counts, expit, logit, positive
 
 ROOT_MODELS = ("raw", "calibrated")  # the setting `predictor.root_model`: V~ as is, or this layer
 # chosen on the default LM task's tuning seeds 10-12 (tiny@0) by the replay's log loss per bare rollout over a grid
@@ -72,13 +72,12 @@ class RootCalibrator(AgedLogisticLayer):
         n, s = binomial_counts(rollouts, successes, z.shape, ("rollouts", "successes"), "v")
         self._add_step(np.stack([z, n, s, np.zeros_like(z)], axis=1))
 
-    def _fit(self) -> np.ndarray:
-        if not len(self._rows):
-            return self.prior_mean.copy()
-        z, n, s, age = self._rows.T
-        x = np.stack([np.ones_like(z), z], axis=1)
-        precision = np.array([self.sigma_a**-2.0, self.sigma_b**-2.0])
-        return fit_map_logistic(x, np.zeros_like(z), n, s, 0.5 ** (age / self.half_life), precision, self.prior_mean)
+    def _data(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        z, n, s, _ = self._rows.T
+        return np.stack([np.ones_like(z), z], axis=1), np.zeros_like(z), n, s
+
+    def _precision(self) -> np.ndarray:
+        return np.array([self.sigma_a**-2.0, self.sigma_b**-2.0])
 
     def _settings(self) -> dict:
         return {"sigma_a": self.sigma_a, "sigma_b": self.sigma_b, "half_life": self.half_life}
