@@ -47,7 +47,7 @@ SIGMA_SLOPE = 0.25  # around the fitted slopes
 PER_STEP = ("bare_reward", "predicted", "depth", "continuations", "flips")
 
 
-def _lines(path: Path) -> list[tuple[str, list[str]]]:
+def prediction_lines(path: Path) -> list[tuple[str, list[str]]]:
     """(name, lines) of each predictions.jsonl that `path` names (a file, a run directory or a run archive)."""
     if path.is_dir():
         path = path / "predictions.jsonl"
@@ -79,7 +79,7 @@ def read_runs(paths: list[str], extra: tuple[str, ...] = ()) -> dict[str, dict[i
     one float array per `extra` key (nan where a record lacks it)."""
     runs: dict[str, dict[int, tuple[np.ndarray, ...]]] = {}
     for path in paths:
-        for name, lines in _lines(Path(path)):
+        for name, lines in prediction_lines(Path(path)):
             for (method, step), recs in sorted(chosen_by_step(lines).items()):
                 arrays = tuple(np.array([rec[key] for rec in recs]) for key in PER_STEP)
                 arrays += tuple(np.array([rec.get(key, np.nan) for rec in recs], dtype=float) for key in extra)

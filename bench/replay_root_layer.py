@@ -15,13 +15,12 @@ roots themselves are the run's. Prints figures, asserts nothing.
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import tarfile
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from fit_flip_prior import prediction_lines  # bench/, on the path when the bench runs as a script
 
 from trace_rl.predictors.root_calibration import RootCalibrator
 
@@ -29,18 +28,8 @@ from trace_rl.predictors.root_calibration import RootCalibrator
 def read_roots(paths: list[str]) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """Run name -> step -> (V~, bare rollouts, successes) of the step's roots with bare rollouts."""
     runs: dict[str, dict[int, list]] = {}
-    for path in map(Path, paths):
-        path = path / "predictions.jsonl" if path.is_dir() else path
-        if path.name.endswith(".tar.gz"):
-            with tarfile.open(path) as tar:
-                files = [
-                    (f"{path.name}:{m.name}", io.TextIOWrapper(tar.extractfile(m), encoding="utf-8").readlines())
-                    for m in tar.getmembers()
-                    if m.name.endswith("predictions.jsonl")
-                ]
-        else:
-            files = [(str(path), path.read_text(encoding="utf-8").splitlines())]
-        for name, lines in files:
+    for path in paths:
+        for name, lines in prediction_lines(Path(path)):
             for line in lines:
                 if line.strip() and (rec := json.loads(line))["depth"] == 0 and rec.get("bare_rollouts"):
                     steps = runs.setdefault(f"{name} ({rec['method']})", defaultdict(list))
