@@ -1,6 +1,6 @@
 """Fit stage 2's flip layer on earlier runs' flips and write it as a prior (`predictor.flip_prior=PATH`).
 
-    python bench/fit_flip_prior.py OUT.json RUN [RUN ...] [--sigma-cell S --sigma-slope S]
+    python bench/fit_flip_prior.py OUT.json RUN [RUN ...] [--sigma-cell S --sigma-slope S --half-life H]
 
 A RUN is a run's predictions.jsonl, a run directory holding one, or a run archive of `bench/archive_runs.sh`
 (method--pair.tar.gz); each method in a file is a run of its own. Every chosen anchor of every step (a record

@@ -3,16 +3,16 @@
     python bench/loo_flip_layer.py --shipped PRIOR.json --own RUN RUN RUN [--other RUN ...] \\
         [--half-lives 16,8,4 --sigmas 0.5,1.0]
 
-`--own` are runs with the calibrated layer (predictor.flip_model=calibrated): their chosen anchors are the
-layer's own selection. `--other` are runs that chose otherwise (flip_model=raw), pooled into the prior's fit in
-the "own+other" rows. For each prior source (the shipped prior as is; refitted on the other own runs; refitted on
-those and every --other run), half-life and sigma of the cells, each --own run in turn is replayed
-(`bench/replay_flip_layer.py`'s step-by-step predict-then-observe) under the prior fitted without it. Printed per
-variant, pooled over the held-out runs: log loss per continuation, the largest |predicted - realised| flip share
-over depth bins 1-3 (the 4+ bin holds a handful of continuations on the layer's own selection), the gap in every
-depth bin, then after failures alone and after failures in steps 20+. A replay keeps the anchors the run chose;
-a variant that would choose others is only approximated (the note that uses this says what that misses).
-Prints figures, asserts nothing.
+`--own` are runs with the calibrated layer (predictor.flip_model=calibrated): their chosen anchors are the layer's
+own selection. `--other` are runs that chose otherwise (flip_model=raw), pooled into the prior's fit in the
+"own+other" rows. For each prior source (the shipped prior's mean and slope spread, with the grid's cell spread and
+half-life; refitted on the other own runs; refitted on those and every --other run), half-life and sigma of the
+cells, each --own run in turn is replayed (`bench/replay_flip_layer.py`'s step-by-step predict-then-observe) under
+the prior fitted without it. Printed per variant, pooled over the held-out runs: log loss per continuation, the
+largest |predicted - realised| flip share over depth bins 1-3 (the 4+ bin holds a handful of continuations on the
+layer's own selection), the gap in every depth bin, then after failures alone and after failures in steps 20+. A
+replay keeps the anchors the run chose; a variant that would choose others is only approximated (the note that uses
+this says what that misses). Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def gap(data: np.ndarray, sel: np.ndarray) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shipped", required=True, help="the prior file in use (its sigmas are replaced)")
+    parser.add_argument(
+        "--shipped", required=True, help="the prior file in use (its sigma_cell and half-life are the grid's)"
+    )
     parser.add_argument("--own", nargs="+", required=True)
     parser.add_argument("--other", nargs="*", default=[])
     parser.add_argument("--half-lives", default="16,8,4")

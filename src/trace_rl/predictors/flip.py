@@ -27,14 +27,14 @@ k = 1 (the default) says the features leave half of the variance a Bernoulli out
 It is a statement about resolution, not about the task, and it carries only the first step (no data yet):
 sigma_cell = 4 on the logit scale lets one step's few dozen continuations move each cell.
 
-A fitted prior (`FlipPrior`, `fit_flip_prior`, the setting `predictor.flip_prior`) moves the prior's mean from 0
-to the layer's own fit on earlier runs' chosen anchors (pooled, no ageing) and holds it with a spread of its own
-(sigma 0.5 on the cells and 0.25 on the slopes for the default LM task, chosen on tuning seeds by
-`bench/fit_flip_prior.py`): a fresh layer then predicts the earlier runs' flip rates per (r, depth), which is
-what the q/2 prior got wrong in the steps before any data (a failure's deep prefix flips far less than q/2
-says). The objective is the same with (theta - mean) in the prior term; the fit starts from the mean. The prior
-also carries the half-life the layer ages its own rows at (16 steps unless it says otherwise): how fast the layer
-leaves the prior for what the run shows is chosen with the spread, on the same tuning runs.
+A fitted prior (`FlipPrior`, `fit_flip_prior`, the setting `predictor.flip_prior`) moves the prior's mean from 0 to
+the layer's own fit on earlier runs' chosen anchors (pooled, no ageing) and holds it with a spread of its own (the
+caller's: `bench/fit_flip_prior.py --sigma-cell --sigma-slope`; for the default LM task chosen on tuning seeds by
+`bench/loo_flip_layer.py`, docs/predictors.md): a fresh layer then predicts the earlier runs' flip rates per (r,
+depth), which is what the q/2 prior got wrong in the steps before any data (a failure's deep prefix flips far less
+than q/2 says). The objective is the same with (theta - mean) in the prior term; the fit starts from the mean. The
+prior also carries the half-life the layer ages its own rows at (16 steps unless it says otherwise): how fast the
+layer leaves the prior for what the run shows is chosen with the spread, on the same tuning runs.
 
 Honest about selection. The layer is fitted on the anchors stage 2 chose, and only on them: an anchor that got
 no continuation shows no flip. Stage 2 chooses on the layer's own prediction, a function of (r, v, d), the
@@ -279,7 +279,7 @@ def fit_flip_prior(
     `FlipCalibrator.observe` takes them, all pooled and fitted once by the layer's own MAP fit (around the q k/(k
     + 1) prior, every row at weight 1: no ageing, a run's early and late steps count alike). The spread the
     layer will hold it with and the half-life it will age its own rows at are the caller's
-    (`bench/fit_flip_prior.py` says how they were chosen)."""
+    (`bench/fit_flip_prior.py` takes them; `bench/loo_flip_layer.py` chooses them by leaving a tuning run out)."""
     if not runs:
         raise ValueError("fit_flip_prior needs at least one run's anchors")
     pooled = [np.concatenate([np.asarray(run[i]) for run in runs]) for i in range(5)]

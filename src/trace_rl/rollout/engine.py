@@ -1,7 +1,9 @@
 """The one TRACE step, for every actor: candidate pool -> V~ of each root -> stage-1 root allocation -> bare
 rollouts -> stage-2 prefix allocation for each prompt as soon as its own bare rollouts end -> continuations
 from forked episodes -> recursive targets -> predictor update (and, with a `flip_model`, the update of stage 2's
-calibrated flip layer, `predictors.flip`, which stage 2 then reads its flip probability from instead of V~).
+calibrated flip layer, `predictors.flip`, which stage 2 then reads its flip probability from instead of V~; with a
+`root_model`, TRACE's root allocator reads V~ through `predictors.root_calibration`'s layer, which the step's bare
+outcomes then update).
 
 The step is generic over how a turn is sampled. An `Actor` starts episodes, advances a group of them by one
 turn and forks them; the testbed's tabular policy (`testbed.actor`) and the ReAct LM agent

@@ -4,7 +4,8 @@ several invocations mixes no run of other settings into its table.
 
 What counts as a setting: the run's config without where it writes, how it reports and whether it resumes
 (`NOT_SETTINGS`), and without what its method never reads (a method that never branches never reads stage 2's
-settings, so one GRPO run serves a study at any branch factor, weighting or flip model). A setting added to the
+settings, so one GRPO run serves a study at any branch factor, weighting or flip model; a method whose roots are not
+TRACE's root allocator's never reads `predictor.root_model`). A setting added to the
 code after a run was trained, which the run's file lacks, is accepted while it is at its default (a new
 setting's default keeps what the code did before), so adding a setting never orphans finished runs; any other
 difference is refused in one line naming the keys. Limits: a default changed after the setting was added would
