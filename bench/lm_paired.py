@@ -17,6 +17,8 @@ effective ratios, and the per-warm-start means of the final difference (a sign s
 the protocol asks for).
 With --runs NAME=DIR, the method directory DIR of another compare output (a variant of a method run with
 other settings, so under its own `out`) is read as one more method, NAME, paired with the others by pair name.
+Several OUT directories, or NAME=DIR,DIR,..., pool studies of the same settings run on other seeds (a pair found
+twice for one method is refused).
 With --plot FILE.png, the accuracy curves against rollouts (the mean over pairs and their min-max band).
 With --drivers, which per-run statistic tracks the accuracy gain across the listed methods: each statistic and the
 gain are centred within each pair (so warm start and seed drop out and only the method's effect is left), then
@@ -41,28 +43,50 @@ from trace_rl.rollout.report import (
     paired_interval,
     run_means,
 )
-from trace_rl.train.compare import FIRST_EVALUATION_SEED, curves, load_runs, mean_trained_accuracy, method_of_dir
+from trace_rl.train.compare import (
+    FIRST_EVALUATION_SEED,
+    curves,
+    load_runs,
+    mean_trained_accuracy,
+    method_of_dir,
+    run_dir_name,
+)
 
 
 def load(
-    out: Path, methods: list[str], tuning: bool, extra: dict[str, Path] | None = None
+    out: Path | list[Path], methods: list[str], tuning: bool, extra: dict[str, Path | list[Path]] | None = None
 ) -> dict[str, dict[str, dict]]:
-    """{method: {pair: summary with records}} of the finished runs under `out`; `extra` maps a name to a method
-    directory elsewhere (its <pair>/ folders), read as a method of that name (a variant compare wrote to its own
-    output directory, e.g. the same method under other settings)."""
-    extra = extra or {}
-    runs = load_runs(out, [m for m in methods if m not in extra])
-    for name, where in extra.items():
-        if not where.is_dir():
-            raise SystemExit(f"--runs {name}={where}: not a directory (give a method directory of a compare output)")
-        found = load_runs(where.parent, [method_of_dir(where.name)])
-        runs[name] = next(iter(found.values()), [])
+    """{method: {pair: summary with records}} of the finished runs under `out` (one compare output directory, or
+    several pooled: studies of the same settings on other seeds); `extra` maps a name to a method directory
+    elsewhere, or several pooled (their <pair>/ folders), read as a method of that name (a variant compare wrote to
+    its own output directory, e.g. the same method under other settings). A pair a method holds in two of the
+    pooled directories is refused: which run it means would be a guess."""
+    outs = [out] if isinstance(out, Path) else list(out)
+    found: dict[str, list[tuple[Path, dict]]] = {}
+    for where_out in outs:
+        for spec, summaries in load_runs(where_out, [m for m in methods if m not in (extra or {})]).items():
+            found.setdefault(spec, []).extend((where_out / run_dir_name(spec), s) for s in summaries)
+    for name, wheres in (extra or {}).items():
+        for where in [wheres] if isinstance(wheres, Path) else wheres:
+            if not where.is_dir():
+                raise SystemExit(
+                    f"--runs {name}={where}: not a directory (give a method directory of a compare output)"
+                )
+            runs_there = load_runs(where.parent, [method_of_dir(where.name)])
+            found.setdefault(name, []).extend((where, s) for s in next(iter(runs_there.values()), []))
     by_pair = {}
     for spec in methods:
-        kept = [s for s in runs.get(spec, []) if tuning or s["seed"] >= FIRST_EVALUATION_SEED]
+        kept: dict[str, dict] = {}
+        for where, summary in found.get(spec, []):
+            if not tuning and summary["seed"] < FIRST_EVALUATION_SEED:
+                continue
+            if summary["pair"] in kept:
+                raise SystemExit(f"{spec}: pair {summary['pair']} is in two of the pooled directories (one is {where})")
+            kept[summary["pair"]] = summary
         if not kept:
-            raise SystemExit(f"{out}: no finished run of {spec!r}" + ("" if tuning else " on evaluation seeds"))
-        by_pair[spec] = {s["pair"]: s for s in kept}
+            where = ", ".join(str(o) for o in outs)
+            raise SystemExit(f"{where}: no finished run of {spec!r}" + ("" if tuning else " on evaluation seeds"))
+        by_pair[spec] = kept
     return by_pair
 
 
@@ -189,7 +213,7 @@ def drivers(runs: dict[str, dict[str, dict]], resamples: int = 2000, seed: int =
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="a trace-rl compare output directory")
+    parser.add_argument("out", type=Path, nargs="+", help="a trace-rl compare output directory (several: pooled)")
     parser.add_argument("--pair", nargs=2, action="append", metavar=("A", "B"), required=True, help="print A - B")
     parser.add_argument("--tuning", action="store_true", help="also use tuning seeds (below 100)")
     parser.add_argument("--plot", type=Path, help="also draw held-out accuracy against rollouts (PNG), seed bands")
@@ -199,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME=DIR",
-        help="read the method directory DIR (OUT2/<method>) as a method named NAME",
+        help="read the method directory DIR (OUT2/<method>; DIR,DIR,...: pooled) as a method named NAME",
     )
     args = parser.parse_args(argv)
     extra = {}
@@ -207,9 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         name, sep, where = item.partition("=")
         if not sep or not name or not where:
             raise SystemExit(f"--runs {item!r}: give NAME=DIR, e.g. trace_flipcal=runs/eval_flip/trace")
-        extra[name] = Path(where)
-    if not args.out.is_dir():
-        raise SystemExit(f"{args.out}: not a directory (give a trace-rl compare output directory)")
+        extra[name] = [Path(w) for w in where.split(",")]
+    for out in args.out:
+        if not out.is_dir():
+            raise SystemExit(f"{out}: not a directory (give a trace-rl compare output directory)")
     pairs = [tuple(m if m in extra else method_of_dir(m) for m in p) for p in args.pair]
     methods = list(dict.fromkeys(m for p in pairs for m in p))
     runs, dropped = common_pairs(load(args.out, methods, args.tuning, extra))

@@ -136,3 +136,23 @@ def test_a_method_directory_elsewhere_is_read_under_its_own_name(study, tmp_path
         lm_paired.main([str(study), "--pair", "a", "grpo", "--runs", "a"])
     with pytest.raises(SystemExit, match="not a directory"):
         lm_paired.load(study, ["x"], tuning=False, extra={"x": tmp_path / "nowhere"})
+
+
+def test_studies_on_other_seeds_are_pooled_and_a_pair_found_twice_is_refused(study, tmp_path, capsys):
+    more = tmp_path / "more"  # the same methods on another evaluation seed, in a study of its own
+    _write_run(more, "grpo", "seed102", 102, 0.5, [0.55, 0.60], er=0.5)
+    _write_run(more, "trace_adv-grpo", "seed102", 102, 0.5, [0.60, 0.50], er=0.25)
+    runs = lm_paired.load([study, more], ["trace:grpo", "grpo"], tuning=False)
+    assert sorted(runs["grpo"]) == ["seed100", "seed101", "seed102", "ws2-seed100"]
+    # finals +0.10, +0.10, +0.04 and now -0.10: mean +0.035
+    assert lm_paired.pair_row("trace:grpo", "grpo", runs)["final"].startswith("+0.035 [")
+    variant = tmp_path / "variant"
+    _write_run(variant, "trace_adv-grpo", "seed100", 100, 0.5, [0.6, 0.8], er=0.5)
+    extra = {"tg": [variant / "trace_adv-grpo", more / "trace_adv-grpo"]}
+    assert sorted(lm_paired.load(study, ["tg"], tuning=False, extra=extra)["tg"]) == ["seed100", "seed102"]
+    pooled = f"tg={variant / 'trace_adv-grpo'},{more / 'trace_adv-grpo'}"
+    assert lm_paired.main([str(study), str(more), "--pair", "tg", "grpo", "--runs", pooled]) == 0
+    out = capsys.readouterr().out
+    assert "left out (not finished by every method): seed101, ws2-seed100" in out and "tg - grpo" in out
+    with pytest.raises(SystemExit, match="pair seed100 is in two of the pooled directories"):
+        lm_paired.load([study, study], ["grpo"], tuning=False)
