@@ -61,12 +61,12 @@ def load(
     elsewhere, or several pooled (their <pair>/ folders), read as a method of that name (a variant compare wrote to
     its own output directory, e.g. the same method under other settings). A pair a method holds in two of the
     pooled directories is refused: which run it means would be a guess."""
-    outs = [out] if isinstance(out, Path) else list(out)
+    outs, extra = ([out] if isinstance(out, Path) else list(out)), extra or {}
     found: dict[str, list[tuple[Path, dict]]] = {}
     for where_out in outs:
-        for spec, summaries in load_runs(where_out, [m for m in methods if m not in (extra or {})]).items():
+        for spec, summaries in load_runs(where_out, [m for m in methods if m not in extra]).items():
             found.setdefault(spec, []).extend((where_out / run_dir_name(spec), s) for s in summaries)
-    for name, wheres in (extra or {}).items():
+    for name, wheres in extra.items():
         for where in [wheres] if isinstance(wheres, Path) else wheres:
             if not where.is_dir():
                 raise SystemExit(
