@@ -75,7 +75,7 @@ def test_the_built_ins_resolve_by_name_to_their_own_groups():
     for name in registry.BUILTINS:
         assert resolve_env(name).name == name
     assert resolve_env("calculator").settings.__name__ == "CalculatorSettings"
-    assert resolve_env("bfcl").settings is None
+    assert resolve_env("bfcl").settings.__name__ == "BFCLSettings"
 
 
 def test_an_unknown_name_is_one_line_listing_what_is_registered():
@@ -94,7 +94,7 @@ def test_a_plugin_of_ones_own_loads_from_module_attr_with_its_settings(plugin_mo
     env = spec.make()
     assert env.reset(spec.held_out(1, 0)[0]) == "Say bye (0)"
     assert env.step("Action: answer[bye]")[1:3] == (1.0, True)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="has no setting colour; its settings: word$"):
         get_env(f"{plugin_module}:echo", colour="red")  # not one of its settings
 
 
@@ -154,8 +154,15 @@ def test_a_plugin_is_checked_when_made_and_when_built():
         EnvPlugin("x", lambda s: None, settings=dict)
     with pytest.raises(TypeError, match="not an EnvSpec"):
         env_plugin("x")(lambda: {"make": object}).spec()
-    with pytest.raises(ValueError, match="no settings"):
+    with pytest.raises(ValueError, match="^env bfcl has no setting sandbox; its settings: call_timeout_s, steps_per"):
         get_env("bfcl", sandbox="weak")
+    register_env(EnvPlugin("plain", lambda: EnvSpec(object, {}, lambda c, s: [])))
+    try:
+        with pytest.raises(ValueError, match="^env plain has no settings, got size$"):
+            get_env("plain", size=3)
+    finally:
+        registry._REGISTERED.pop("plain")
+        registry._RESOLVED.pop("plain", None)
 
 
 def test_sample_rows_draws_a_seeded_reindexed_order_repeating_when_short():

@@ -45,7 +45,17 @@ def test_choosing_an_env_gives_its_own_group_and_no_other():
     assert "math:\n    sandbox: weak" in text and "calculator" not in text
     cfg, _ = load_config(RunDemo, ["env.name=qa"])
     assert cfg.env.qa.corpus == "" and cfg.env.settings().retriever_url == ""
-    cfg, _ = load_config(RunDemo, ["env=bfcl"])  # an env without settings: the name alone
+    cfg, _ = load_config(RunDemo, ["env=bfcl", "env.bfcl.steps_per_turn=3"])
+    assert cfg.env.settings().steps_per_turn == 3 and [f.name for f in dataclasses.fields(cfg.env)] == ["name", "bfcl"]
+    with pytest.raises(ConfigError, match="^env.bfcl.steps_per_turn: steps_per_turn must be an integer >= 1"):
+        load_config(RunDemo, ["env=bfcl", "env.bfcl.steps_per_turn=-1"])
+
+
+def test_an_env_without_settings_is_its_name_alone(monkeypatch):
+    plain = registry.EnvPlugin("plain", lambda: registry.EnvSpec(object, {}, lambda c, s: []))
+    monkeypatch.setattr(registry, "_REGISTERED", {"plain": plain})
+    monkeypatch.setattr(registry, "_RESOLVED", {})
+    cfg, _ = load_config(RunDemo, ["env=plain"])
     assert cfg.env.settings() is None and [f.name for f in dataclasses.fields(cfg.env)] == ["name"]
 
 

@@ -173,6 +173,8 @@ def test_two_steps_on_every_environment(tmp_path, monkeypatch, env):
         monkeypatch.setenv("TRACE_RL_DATA", str(write_tiny_data(tmp_path / "data")))
     out = tmp_path / env
     args = [*SMALL, "steps=2", f"env.name={env}", f"out={out}", "eval_samples=1", "eval_every=2"]
+    if env == "bfcl":  # an untrained model seldom ends a turn: 20 steps a turn over ~1,400-token prompts otherwise
+        args.append("env.bfcl.steps_per_turn=1")
     assert main(["train", *args]) == 0
     assert len(records(out)) == 2 and (out / "global_step_2").is_dir()
 

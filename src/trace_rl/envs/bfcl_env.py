@@ -60,6 +60,8 @@ import inspect
 import itertools
 import json
 import pickle
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from .base import cap_observation, parse_action, tool_failure
@@ -451,14 +453,34 @@ def replay_ground_truth(task: dict, corrupt: bool = False) -> float:
     return reward
 
 
-def bfcl_spec() -> EnvSpec:
+@dataclass
+class BFCLSettings:
+    """How long an episode may run and a backend call may take."""
+
+    steps_per_turn: int = 0  # the agent's steps in one user turn before it is forced on; 0: the official runner's
+    call_timeout_s: float = 2.0  # CPU seconds one backend call may take, at the step and at scoring
+
+    def __post_init__(self):
+        if isinstance(self.steps_per_turn, bool) or not isinstance(self.steps_per_turn, int) or self.steps_per_turn < 0:
+            raise ValueError(
+                f"steps_per_turn must be an integer >= 1, or 0 for the official runner's, got {self.steps_per_turn!r}"
+            )
+        if (
+            isinstance(self.call_timeout_s, bool)
+            or not isinstance(self.call_timeout_s, (int, float))
+            or not self.call_timeout_s > 0
+        ):
+            raise ValueError(f"call_timeout_s must be a positive number of seconds, got {self.call_timeout_s!r}")
+
+
+def bfcl_spec(settings: BFCLSettings) -> EnvSpec:
     """BFCL has no training split: training draws from the base category, so evaluate on the others."""
     return EnvSpec(
-        BFCLEnv,
+        partial(BFCLEnv, steps_per_turn=settings.steps_per_turn or None, call_timeout_s=settings.call_timeout_s),
         {c: (lambda n, c=c: load_bfcl(c, n)) for c in CATEGORIES},
         sample_rows(lambda: load_bfcl("multi_turn_base")),
         max_new_tokens=256,
     )
 
 
-BFCL = EnvPlugin("bfcl", bfcl_spec)
+BFCL = EnvPlugin("bfcl", bfcl_spec, BFCLSettings)

@@ -187,6 +187,10 @@ def get_env(name: str, **settings: Any) -> EnvSpec:
         if settings:
             raise ValueError(f"env {name} has no settings, got {', '.join(settings)}")
         return plugin.spec()
+    known = {f.name for f in dataclasses.fields(plugin.settings)}
+    unknown = [k for k in settings if k not in known]
+    if unknown:
+        raise ValueError(f"env {name} has no setting {', '.join(unknown)}; its settings: {', '.join(sorted(known))}")
     return plugin.spec(plugin.settings(**settings))
 
 
