@@ -1,0 +1,95 @@
+"""bench/root_ranking.py: the disagreement probability by hand and by sampling, a fit that recovers its
+weights, folds that never see their own targets, and the whole study on a hand-built checkpoint and eval."""
+
+import importlib.util
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("scipy")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "root_ranking.py"
+_spec = importlib.util.spec_from_file_location("root_ranking", SCRIPT)
+root_ranking = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(root_ranking)
+
+
+def test_the_disagreement_probability_is_the_beta_posteriors():
+    kb = np.array([0, 4, 8, 3])
+    got = root_ranking.mixed_prob(kb, np.array([8, 2, 3, 1]))
+    assert got[3] == 0.0  # one rollout never disagrees
+    # k = 4 of 8: Beta(4.5, 4.5); E v^2 = a(a+1) / ((a+b)(a+b+1))
+    assert got[1] == pytest.approx(1 - 2 * 4.5 * 5.5 / (9 * 10))
+    rng = np.random.default_rng(0)
+    v = rng.beta(0.5, 8.5, size=400_000)
+    assert got[0] == pytest.approx(np.mean(1 - v**8 - (1 - v) ** 8), abs=3e-3)
+    v = rng.beta(8.5, 0.5, size=400_000)
+    assert got[2] == pytest.approx(np.mean(1 - v**3 - (1 - v) ** 3), abs=3e-3)
+
+
+def test_the_logistic_fit_recovers_its_weights_and_the_folds_never_see_their_own_targets():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(4000, 2))
+    k = rng.binomial(8, 1 / (1 + np.exp(-(x @ [1.5, -0.5] + 0.3))))
+    w, b = root_ranking.fit_logistic(x, k, 8, lam=1e-6)
+    assert np.allclose(w, [1.5, -0.5], atol=0.08) and b == pytest.approx(0.3, abs=0.08)
+    folds = np.arange(len(k)) % 4
+    out = root_ranking.cross_validated(x, k, folds)
+    changed = k.copy()
+    changed[folds == 2] = 8 - changed[folds == 2]  # other targets in fold 2 only
+    again = root_ranking.cross_validated(x, changed, folds)
+    assert np.array_equal(out[folds == 2], again[folds == 2]) and not np.allclose(out[folds != 2], again[folds != 2])
+
+
+def test_the_study_runs_on_a_checkpoint_and_an_eval_of_16_samples(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from trace_rl.envs.registry import get_env
+    from trace_rl.lm.models import create_tiny_model
+    from trace_rl.predictors.root_calibration import RootCalibrator
+    from trace_rl.predictors.text import light_text_predictor
+
+    ckpt = tmp_path / "global_step_1"
+    model, tok = create_tiny_model(seed=0)
+    model.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    with open(ckpt / "predictor.pkl", "wb") as fh:
+        pickle.dump(light_text_predictor(seed=0), fh)
+    layer = RootCalibrator()
+    layer.observe(np.array([0.3, 0.6]), np.array([4, 4]), np.array([3, 1]))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"root_model": layer.state_dict()}))
+    run = tmp_path / "eval"
+    run.mkdir()
+    cfg = {"env": {"name": "calculator", "calculator": {"preset": "train"}}, "policy": {"model": str(ckpt)}}
+    (run / "config.yaml").write_text(json.dumps(cfg))  # JSON is YAML
+    tasks = get_env("calculator", preset="train").benchmarks["calculator"](40)
+    rng = np.random.default_rng(2)
+    lines = []
+    for i, task in enumerate(tasks):
+        p = 0.9 if task["steps"] == 3 else 0.2  # the chain length decides
+        lines += [json.dumps({"index": i, "sample": s, "score": float(rng.random() < p)}) for s in range(16)]
+    (run / "samples.jsonl").write_text("\n".join(lines))
+    pytest.importorskip("matplotlib")
+    root_ranking.main(
+        [str(run), "--pools", "20", "--out", str(tmp_path / "out.json"), "--plot", str(tmp_path / "r.png")]
+    )
+    (res,) = json.loads((tmp_path / "out.json").read_text())
+    rho = res["spearman_vs_half_b"]
+    assert set(rho) == {
+        "oracle, in-sample (optimistic)",
+        "oracle (half A)",
+        "V~ raw",
+        "V~ root layer",
+        "CV: policy hidden states",
+        "CV: hashed n-grams",
+        "CV: chain length",
+        "all equal (0.5)",
+    }
+    assert rho["CV: chain length"] > 0.5 and rho["all equal (0.5)"] == 0.0
+    pools = res["pools"]
+    assert pools["GRPO (8 x 8)"]["prompts"] == 8
+    assert all(0.0 <= p["ratio"] <= 1.0 and p["prompts"] <= 16 for p in pools.values())
+    assert "stage-1 ER" in capsys.readouterr().out and (tmp_path / "r.png").stat().st_size > 0
