@@ -19,7 +19,10 @@ prompt), the light predictor's hashed n-grams and structure, and the task's grou
 For each: Spearman's rho against half B's rate, and over random pools of 32 tasks the expected effective
 ratio and mixed prompts of stage 1's exact count allocation (32 bare rollouts, at most 8 a prompt: the
 default budget's root share), beside GRPO's 8 prompts x 8 rollouts from the same pools. Stage 2's
-continuations are not modelled. Needs torch and scipy.
+continuations are not modelled. Also a sequential stage 1 (`probe_extend`): one probe rollout (the task's
+first sample) on each of the k candidates V~ says are likeliest to disagree, then the other 32 - k rollouts
+where, given the probe's outcome, they are likeliest to make its group disagree (no Spearman: it ranks
+nothing). Needs torch and scipy.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ POOL, ROOT_BUDGET, MAX_PER_PROMPT, GRPO_PROMPTS, GRPO_GROUP = 32, 32, 8, 8, 8
 FOLDS, LAMBDA = 8, 1.0
 
 
-def load_eval(run: Path) -> tuple[list[dict], np.ndarray, np.ndarray, Path, dict]:
-    """Tasks, half A's and half B's success counts per task, the checkpoint and the eval's config."""
+def load_eval(run: Path) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray, Path, dict]:
+    """Tasks, half A's and half B's success counts per task, the first sample's outcome (a probe's), the
+    checkpoint and the environment's spec."""
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     env = cfg["env"]
     settings = {k: v for k, v in (env.get(env["name"]) or {}).items() if v not in ([], None, "")}
@@ -61,7 +65,8 @@ def load_eval(run: Path) -> tuple[list[dict], np.ndarray, np.ndarray, Path, dict
     tasks = spec.benchmarks[bench](n)
     ka = np.array([sum(scores[i][s] > 0.5 for s in range(HALF)) for i in range(n)])
     kb = np.array([sum(scores[i][s] > 0.5 for s in range(HALF, 2 * HALF)) for i in range(n)])
-    return tasks, ka, kb, Path(cfg["policy"]["model"]), spec
+    first = np.array([int(scores[i][0] > 0.5) for i in range(n)])
+    return tasks, ka, kb, first, Path(cfg["policy"]["model"]), spec
 
 
 def run_values(ckpt: Path, tasks: list[dict]) -> dict[str, np.ndarray]:
@@ -154,8 +159,65 @@ def mixed_prob(kb: np.ndarray, m: np.ndarray) -> np.ndarray:
     return out
 
 
-def pool_study(values: dict[str, np.ndarray], kb: np.ndarray, pools: int, seed: int) -> dict[str, dict]:
-    """Mean over pools of stage 1's effective ratio and mixed prompts per value source, and GRPO's."""
+def beta_powers(a: np.ndarray, b: np.ndarray, upto: int) -> np.ndarray:
+    """E[v^e] under Beta(a_i, b_i) for e = 0..upto: one row per i."""
+    j = np.arange(upto)
+    steps = (a[:, None] + j) / (a[:, None] + b[:, None] + j)
+    return np.concatenate([np.ones((len(a), 1)), np.cumprod(steps, axis=1)], axis=1)
+
+
+def beta_power(a: np.ndarray, b: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """E[v^e] under Beta(a, b), elementwise (e >= 0 integers)."""
+    e = np.asarray(e, dtype=int)
+    if not len(e):
+        return np.zeros(0)
+    return beta_powers(np.asarray(a, float), np.asarray(b, float), int(e.max()))[np.arange(len(e)), e]
+
+
+def probe_extend(v: np.ndarray, first: np.ndarray, probes: int, budget: int, strength: float) -> np.ndarray:
+    """Extra rollouts per candidate after one probe rollout on the `probes` candidates whose V~ says they are
+    likeliest to disagree (largest v(1 - v)); -1 marks a candidate not probed. After its probe's outcome r a
+    candidate's group disagrees iff one of its e extra rollouts differs from r: 1 - E[v^e] after a success,
+    1 - E[(1 - v)^e] after a failure, under Beta(strength v + r, strength (1 - v) + 1 - r). Each extra
+    rollout's gain falls with e, so handing the remaining budget out greedily is exact."""
+    order = np.argsort(-(v * (1.0 - v)), kind="stable")[:probes]
+    extra = np.full(len(v), -1)
+    extra[order] = 0
+    a = strength * v[order] + first[order]
+    b = strength * (1.0 - v[order]) + 1 - first[order]
+    # the outcome that would make the group disagree: a failure after a success, a success after a failure
+    same_a = np.where(first[order] == 1, a, b)
+    same_b = np.where(first[order] == 1, b, a)
+    table = beta_powers(same_a, same_b, MAX_PER_PROMPT - 1)
+    e, rows = np.zeros(len(order), dtype=int), np.arange(len(order))
+    for _ in range(budget - probes):
+        gain = np.where(
+            e < MAX_PER_PROMPT - 1, table[rows, e] - table[rows, np.minimum(e + 1, MAX_PER_PROMPT - 1)], -1.0
+        )
+        best = int(np.argmax(gain))
+        if gain[best] <= 0:
+            break
+        e[best] += 1
+    extra[order] = e
+    return extra
+
+
+def probe_mixed(kb: np.ndarray, first: np.ndarray, extra: np.ndarray) -> np.ndarray:
+    """P(disagreement) of each probed candidate's group (probe + extra) under half B's Jeffreys posterior."""
+    a, b = kb + 0.5, HALF - kb + 0.5
+    same = beta_power(np.where(first == 1, a, b), np.where(first == 1, b, a), np.maximum(extra, 0))
+    return np.where(extra > 0, 1.0 - same, 0.0)
+
+
+PROBES = (8, 12, 16)  # probe rollouts out of stage 1's 32
+PRIOR_STRENGTH = 2.0  # V~ counts as this many rollouts in a probed candidate's prior (not tuned)
+
+
+def pool_study(
+    values: dict[str, np.ndarray], kb: np.ndarray, pools: int, seed: int, first: np.ndarray | None = None
+) -> dict[str, dict]:
+    """Mean over pools of stage 1's effective ratio and mixed prompts per value source, and GRPO's; with
+    `first` (each task's probe outcome), also probe-then-extend on V~ raw."""
     rng = np.random.default_rng(seed)
     acc = collections.defaultdict(lambda: {"ratio": [], "mixed": [], "prompts": []})
     for p in range(pools):
@@ -170,13 +232,21 @@ def pool_study(values: dict[str, np.ndarray], kb: np.ndarray, pools: int, seed: 
             acc[name]["ratio"].append(mix.mean() if mix.size else 0.0)
             acc[name]["mixed"].append(mix.sum())
             acc[name]["prompts"].append(int((m > 0).sum()))
+        if first is not None and "V~ raw" in values:
+            for k in PROBES:
+                extra = probe_extend(values["V~ raw"][pool], first[pool], k, ROOT_BUDGET, PRIOR_STRENGTH)
+                mix = probe_mixed(kb[pool], first[pool], extra)[extra >= 0]
+                name = f"probe {k}, extend {ROOT_BUDGET - k} (V~ raw)"
+                acc[name]["ratio"].append(mix.mean())
+                acc[name]["mixed"].append(mix.sum())
+                acc[name]["prompts"].append(k)
     return {name: {k: float(np.mean(x)) for k, x in d.items()} for name, d in acc.items()}
 
 
 def study(run: Path, pools: int) -> dict:
     from scipy.stats import spearmanr
 
-    tasks, ka, kb, ckpt, spec = load_eval(run)
+    tasks, ka, kb, first, ckpt, spec = load_eval(run)
     folds = np.random.default_rng(0).permutation(len(tasks)) % FOLDS
     values = {
         "oracle, in-sample (optimistic)": (kb + 0.5) / (HALF + 1.0),  # chosen on the noise it is scored with
@@ -194,7 +264,7 @@ def study(run: Path, pools: int) -> dict:
         "tasks": len(tasks),
         "success": float((ka + kb).sum() / (2 * HALF * len(tasks))),
         "spearman_vs_half_b": rho,
-        "pools": pool_study(values, kb, pools, seed=1),
+        "pools": pool_study(values, kb, pools, seed=1, first=first),
     }
 
 
@@ -207,7 +277,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     names = [n for n in results[0]["pools"] if n != "GRPO (8 x 8)"]
     panels = [
-        ("Spearman vs an independent estimate", lambda r, n: r["spearman_vs_half_b"][n], None),
+        ("Spearman vs an independent estimate", lambda r, n: r["spearman_vs_half_b"].get(n, 0.0), None),
         ("stage 1's effective ratio", lambda r, n: r["pools"][n]["ratio"], "ratio"),
         ("mixed prompts a step", lambda r, n: r["pools"][n]["mixed"], "mixed"),
     ]

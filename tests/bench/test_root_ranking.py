@@ -30,6 +30,37 @@ def test_the_disagreement_probability_is_the_beta_posteriors():
     assert got[2] == pytest.approx(np.mean(1 - v**3 - (1 - v) ** 3), abs=3e-3)
 
 
+def test_probe_then_extend_is_the_best_split_of_the_extra_rollouts_by_brute_force():
+    import itertools
+
+    v, first = np.array([0.5, 0.9, 0.2, 0.6, 0.05]), np.array([1, 1, 0, 0, 1])
+    probes, budget = 4, 9
+    extra = root_ranking.probe_extend(v, first, probes, budget, strength=2.0)
+    assert extra[4] == -1 and (extra[:4] >= 0).all()  # v = 0.05 is the least likely to disagree: not probed
+
+    def value(e):  # sum over probed candidates of P(one of e extra differs from the probe) under its prior
+        total = 0.0
+        for i, ei in zip(range(4), e):
+            a, b = 2.0 * v[i] + first[i], 2.0 * (1 - v[i]) + 1 - first[i]
+            same = root_ranking.beta_power(np.array([a if first[i] else b]), np.array([b if first[i] else a]), [ei])
+            total += 1.0 - same[0]
+        return total
+
+    best = max(value(e) for e in itertools.product(range(8), repeat=4) if sum(e) <= budget - probes)
+    assert sum(extra[:4]) == budget - probes and value(extra[:4]) == pytest.approx(best)
+
+
+def test_a_probed_groups_disagreement_is_the_chance_an_extra_rollout_differs_from_the_probe():
+    kb, first, extra = np.array([6, 2, 5]), np.array([1, 0, 1]), np.array([3, 2, 0])
+    got = root_ranking.probe_mixed(kb, first, extra)
+    rng = np.random.default_rng(3)
+    v = rng.beta(6.5, 2.5, size=400_000)
+    assert got[0] == pytest.approx(1 - np.mean(v**3), abs=3e-3)  # after a success: not all three succeed
+    v = rng.beta(2.5, 6.5, size=400_000)
+    assert got[1] == pytest.approx(1 - np.mean((1 - v) ** 2), abs=3e-3)  # after a failure: not both fail
+    assert got[2] == 0.0  # a probe alone never disagrees
+
+
 def test_the_logistic_fit_recovers_its_weights_and_the_folds_never_see_their_own_targets():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(4000, 2))
@@ -92,4 +123,5 @@ def test_the_study_runs_on_a_checkpoint_and_an_eval_of_16_samples(tmp_path, caps
     pools = res["pools"]
     assert pools["GRPO (8 x 8)"]["prompts"] == 8
     assert all(0.0 <= p["ratio"] <= 1.0 and p["prompts"] <= 16 for p in pools.values())
+    assert {f"probe {k}, extend {32 - k} (V~ raw)" for k in (8, 12, 16)} <= set(pools)
     assert "stage-1 ER" in capsys.readouterr().out and (tmp_path / "r.png").stat().st_size > 0
