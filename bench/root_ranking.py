@@ -8,13 +8,13 @@ Each eval directory holds 16 samples of every task under the checkpoint's own po
 config.yaml names the checkpoint, whose `predictor.pkl` (the light predictor, V~) and `trainer_state.json` (the
 calibrated root layer, when the run had one) are read. Samples 0-7 (half A) are the only targets anything is
 fitted on, and the oracle's values; samples 8-15 (half B) are what every ranking is scored against and what
-every allocation's expected disagreement is computed with (a Jeffreys Beta posterior per task), so no value
-is scored on the samples it came from.
+every allocation's disagreement is estimated with (unbiasedly: the chance that m of a task's 8 half-B outcomes,
+drawn without replacement, disagree), so no value is scored on the samples it came from.
 
-Value sources: the oracle (half A's rate), and as an upper bound half B's own rate (allocating on the noise
-the allocation is then scored on, so optimistic); V~ as the run left it, raw and through its root layer; and three
-8-fold cross-validated L2 logistic fits on half A's counts with the same tasks and folds, differing only in
-features: the policy's own hidden states (last layer at the prompt's final token and averaged over the
+Value sources: the oracle (half A's rate), and half B's own rate (allocating on the noise the allocation is
+then scored on: optimistic, a ranking no predictor can have); V~ as the run left it, raw and through its root
+layer; and three 8-fold cross-validated L2 logistic fits on half A's counts with the same tasks and folds,
+differing only in features: the policy's own hidden states (last layer at the prompt's final token and averaged over the
 prompt), the light predictor's hashed n-grams and structure, and the task's group (chain length) alone.
 For each: Spearman's rho against half B's rate, and over random pools of 32 tasks the expected effective
 ratio and mixed prompts of stage 1's exact count allocation (32 bare rollouts, at most 8 a prompt: the
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import pickle
 from pathlib import Path
 
@@ -121,42 +122,55 @@ def group_features(tasks: list[dict], spec) -> np.ndarray:
 def fit_logistic(x: np.ndarray, k: np.ndarray, n: int, lam: float) -> tuple[np.ndarray, float]:
     """L2 logistic on binomial counts (k of n), the intercept unpenalised."""
     from scipy.optimize import minimize
+    from scipy.special import expit
 
     def loss(theta):
         w, b = theta[:-1], theta[-1]
         z = x @ w + b
         # -log L = sum n log(1 + e^z) - k z
         val = np.sum(n * np.logaddexp(0.0, z) - k * z) + 0.5 * lam * w @ w
-        p = 1.0 / (1.0 + np.exp(-z))
+        p = expit(z)
         g = n * p - k
         return val, np.concatenate([x.T @ g + lam * w, [g.sum()]])
 
-    res = minimize(loss, np.zeros(x.shape[1] + 1), jac=True, method="L-BFGS-B")
+    res = minimize(loss, np.zeros(x.shape[1] + 1), jac=True, method="L-BFGS-B", options={"maxiter": 2000})
+    if not res.success:
+        raise RuntimeError(f"root_ranking: the logistic fit did not converge ({res.message})")
     return res.x[:-1], float(res.x[-1])
 
 
 def cross_validated(x: np.ndarray, k: np.ndarray, folds: np.ndarray) -> np.ndarray:
     """Out-of-fold success probabilities: each fold predicted by a fit on the others (features standardised on
     the training folds)."""
+    from scipy.special import expit
+
     out = np.zeros(len(k))
     for f in np.unique(folds):
         train, test = folds != f, folds == f
         mu, sd = x[train].mean(0), x[train].std(0)
         sd[sd == 0] = 1.0
         w, b = fit_logistic((x[train] - mu) / sd, k[train], HALF, LAMBDA)
-        out[test] = 1.0 / (1.0 + np.exp(-(((x[test] - mu) / sd) @ w + b)))
+        out[test] = expit(((x[test] - mu) / sd) @ w + b)
     return out
+
+
+_BINOM = np.array([[math.comb(n, k) for k in range(HALF + 1)] for n in range(HALF + 1)], dtype=np.float64)
+
+
+def _choose(n: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """C(n, k) elementwise for 0 <= n, k <= 8 (0 where k > n)."""
+    return _BINOM[np.asarray(n, dtype=int), np.asarray(k, dtype=int)]
 
 
 def mixed_prob(kb: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """P(a group of m rollouts disagrees) under each task's Jeffreys posterior from half B: 1 - E v^m - E (1-v)^m."""
-    a, b = kb + 0.5, HALF - kb + 0.5
-    out = np.zeros(len(kb))
-    for i, mi in enumerate(m):
-        if mi >= 2:
-            j = np.arange(mi)
-            out[i] = 1.0 - np.prod((a[i] + j) / (a[i] + b[i] + j)) - np.prod((b[i] + j) / (a[i] + b[i] + j))
-    return out
+    """Unbiased estimate from half B of P(a group of m <= 8 rollouts disagrees) = 1 - v^m - (1 - v)^m: the
+    chance that m of the 8 outcomes drawn without replacement disagree, 1 - (C(k, m) + C(8 - k, m)) / C(8, m)
+    (E C(k, m) / C(8, m) = v^m for k ~ Binomial(8, v))."""
+    m = np.asarray(m)
+    if (m > HALF).any():
+        raise ValueError(f"groups of more than {HALF} rollouts cannot be estimated from {HALF} samples")
+    same = (_choose(kb, m) + _choose(HALF - kb, m)) / _choose(np.full(len(kb), HALF), m)
+    return np.where(m >= 2, 1.0 - same, 0.0)
 
 
 def beta_powers(a: np.ndarray, b: np.ndarray, upto: int) -> np.ndarray:
@@ -185,7 +199,7 @@ def probe_extend(v: np.ndarray, first: np.ndarray, probes: int, budget: int, str
     extra[order] = 0
     a = strength * v[order] + first[order]
     b = strength * (1.0 - v[order]) + 1 - first[order]
-    # the outcome that would make the group disagree: a failure after a success, a success after a failure
+    # Beta parameters of the chance that one more rollout repeats the probe's outcome (keeps the group pure)
     same_a = np.where(first[order] == 1, a, b)
     same_b = np.where(first[order] == 1, b, a)
     table = beta_powers(same_a, same_b, MAX_PER_PROMPT - 1)
@@ -203,9 +217,10 @@ def probe_extend(v: np.ndarray, first: np.ndarray, probes: int, budget: int, str
 
 
 def probe_mixed(kb: np.ndarray, first: np.ndarray, extra: np.ndarray) -> np.ndarray:
-    """P(disagreement) of each probed candidate's group (probe + extra) under half B's Jeffreys posterior."""
-    a, b = kb + 0.5, HALF - kb + 0.5
-    same = beta_power(np.where(first == 1, a, b), np.where(first == 1, b, a), np.maximum(extra, 0))
+    """Unbiased estimate from half B of P(a probed candidate's group disagrees): 1 - P(all its e extra rollouts
+    repeat the probe's outcome) = 1 - C(k_same, e) / C(8, e), k_same half B's count of that outcome."""
+    e = np.maximum(extra, 0)
+    same = _choose(np.where(first == 1, kb, HALF - kb), e) / _choose(np.full(len(kb), HALF), e)
     return np.where(extra > 0, 1.0 - same, 0.0)
 
 

@@ -1,5 +1,6 @@
-"""bench/root_ranking.py: the disagreement probability by hand and by sampling, a fit that recovers its
-weights, folds that never see their own targets, and the whole study on a hand-built checkpoint and eval."""
+"""bench/root_ranking.py: disagreement estimates exact on the samples and unbiased, the greedy split of the extra
+rollouts equal to brute force, a fit that recovers its weights, folds that never see their own targets, and the
+whole study on a hand-built checkpoint and eval whose two halves mirror each other."""
 
 import importlib.util
 import json
@@ -17,17 +18,28 @@ root_ranking = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(root_ranking)
 
 
-def test_the_disagreement_probability_is_the_beta_posteriors():
-    kb = np.array([0, 4, 8, 3])
-    got = root_ranking.mixed_prob(kb, np.array([8, 2, 3, 1]))
-    assert got[3] == 0.0  # one rollout never disagrees
-    # k = 4 of 8: Beta(4.5, 4.5); E v^2 = a(a+1) / ((a+b)(a+b+1))
-    assert got[1] == pytest.approx(1 - 2 * 4.5 * 5.5 / (9 * 10))
-    rng = np.random.default_rng(0)
-    v = rng.beta(0.5, 8.5, size=400_000)
-    assert got[0] == pytest.approx(np.mean(1 - v**8 - (1 - v) ** 8), abs=3e-3)
-    v = rng.beta(8.5, 0.5, size=400_000)
-    assert got[2] == pytest.approx(np.mean(1 - v**3 - (1 - v) ** 3), abs=3e-3)
+def test_the_disagreement_estimates_are_exact_on_the_samples_and_unbiased():
+    import itertools
+    from math import comb
+
+    for k in range(9):
+        outcomes = [1] * k + [0] * (8 - k)
+        for m in (2, 3, 8):  # every group of m of the 8 outcomes, drawn without replacement
+            groups = list(itertools.combinations(outcomes, m))
+            want = np.mean([len(set(g)) == 2 for g in groups])
+            assert root_ranking.mixed_prob(np.array([k]), np.array([m]))[0] == pytest.approx(want)
+        for first, e in ((1, 3), (0, 2)):  # the e extra rollouts all repeat the probe's outcome, or not
+            want = 1 - np.mean([all(x == first for x in g) for g in itertools.combinations(outcomes, e)])
+            assert root_ranking.probe_mixed(np.array([k]), np.array([first]), np.array([e]))[0] == pytest.approx(want)
+    assert root_ranking.mixed_prob(np.array([4]), np.array([1]))[0] == 0.0  # one rollout never disagrees
+    assert root_ranking.probe_mixed(np.array([4]), np.array([1]), np.array([0]))[0] == 0.0  # nor does a probe alone
+    with pytest.raises(ValueError, match="more than 8"):
+        root_ranking.mixed_prob(np.array([4]), np.array([9]))
+    v = 0.3  # unbiased: the mean over k ~ Binomial(8, v) is the group's true chance of disagreeing
+    pk = np.array([comb(8, k) * v**k * (1 - v) ** (8 - k) for k in range(9)])
+    ks = np.arange(9)
+    assert pk @ root_ranking.mixed_prob(ks, np.full(9, 3)) == pytest.approx(1 - v**3 - (1 - v) ** 3)
+    assert pk @ root_ranking.probe_mixed(ks, np.ones(9, int), np.full(9, 4)) == pytest.approx(1 - v**4)
 
 
 def test_probe_then_extend_is_the_best_split_of_the_extra_rollouts_by_brute_force():
@@ -48,17 +60,6 @@ def test_probe_then_extend_is_the_best_split_of_the_extra_rollouts_by_brute_forc
 
     best = max(value(e) for e in itertools.product(range(8), repeat=4) if sum(e) <= budget - probes)
     assert sum(extra[:4]) == budget - probes and value(extra[:4]) == pytest.approx(best)
-
-
-def test_a_probed_groups_disagreement_is_the_chance_an_extra_rollout_differs_from_the_probe():
-    kb, first, extra = np.array([6, 2, 5]), np.array([1, 0, 1]), np.array([3, 2, 0])
-    got = root_ranking.probe_mixed(kb, first, extra)
-    rng = np.random.default_rng(3)
-    v = rng.beta(6.5, 2.5, size=400_000)
-    assert got[0] == pytest.approx(1 - np.mean(v**3), abs=3e-3)  # after a success: not all three succeed
-    v = rng.beta(2.5, 6.5, size=400_000)
-    assert got[1] == pytest.approx(1 - np.mean((1 - v) ** 2), abs=3e-3)  # after a failure: not both fail
-    assert got[2] == 0.0  # a probe alone never disagrees
 
 
 def test_the_logistic_fit_recovers_its_weights_and_the_folds_never_see_their_own_targets():
@@ -100,8 +101,10 @@ def test_the_study_runs_on_a_checkpoint_and_an_eval_of_16_samples(tmp_path, caps
     rng = np.random.default_rng(2)
     lines = []
     for i, task in enumerate(tasks):
-        p = 0.9 if task["steps"] == 3 else 0.2  # the chain length decides
-        lines += [json.dumps({"index": i, "sample": s, "score": float(rng.random() < p)}) for s in range(16)]
+        p = 0.9 if task["steps"] == 3 else 0.2  # the chain length decides half A; half B is its mirror image
+        half_a = [float(rng.random() < p) for _ in range(8)]
+        scores = half_a + [1.0 - x for x in half_a]
+        lines += [json.dumps({"index": i, "sample": s, "score": x}) for s, x in enumerate(scores)]
     (run / "samples.jsonl").write_text("\n".join(lines))
     pytest.importorskip("matplotlib")
     root_ranking.main(
@@ -119,7 +122,9 @@ def test_the_study_runs_on_a_checkpoint_and_an_eval_of_16_samples(tmp_path, caps
         "CV: chain length",
         "all equal (0.5)",
     }
-    assert rho["CV: chain length"] > 0.5 and rho["all equal (0.5)"] == 0.0
+    # which half each value comes from: fitted on half A, scored against half B (here the reverse of A)
+    assert rho["oracle, in-sample (optimistic)"] == pytest.approx(1.0) and rho["oracle (half A)"] == pytest.approx(-1.0)
+    assert rho["CV: chain length"] < -0.5 and rho["all equal (0.5)"] == 0.0
     pools = res["pools"]
     assert pools["GRPO (8 x 8)"]["prompts"] == 8
     assert all(0.0 <= p["ratio"] <= 1.0 and p["prompts"] <= 16 for p in pools.values())
