@@ -47,7 +47,7 @@ def test_choosing_an_env_gives_its_own_group_and_no_other():
     assert cfg.env.qa.corpus == "" and cfg.env.settings().retriever_url == ""
     cfg, _ = load_config(RunDemo, ["env=bfcl", "env.bfcl.steps_per_turn=3"])
     assert cfg.env.settings().steps_per_turn == 3 and [f.name for f in dataclasses.fields(cfg.env)] == ["name", "bfcl"]
-    with pytest.raises(ConfigError, match="^env.bfcl.steps_per_turn: steps_per_turn must be an integer >= 1"):
+    with pytest.raises(ConfigError, match="^env.bfcl.steps_per_turn: steps_per_turn must be a positive integer"):
         load_config(RunDemo, ["env=bfcl", "env.bfcl.steps_per_turn=-1"])
 
 

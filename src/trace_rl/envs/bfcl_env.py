@@ -225,16 +225,25 @@ def _check(tick, calls: list, truth: list, entry: dict, category: str, name: str
     return {k: v for k, v in verdict.items() if k in ("valid", "error_message", "error_type")}
 
 
+def check_limits(steps_per_turn: int | None, call_timeout_s: float) -> None:
+    """The per-turn step limit (None: the official runner's) and the time one backend call may take."""
+    if steps_per_turn is not None and (
+        isinstance(steps_per_turn, bool) or not isinstance(steps_per_turn, int) or steps_per_turn < 1
+    ):
+        raise ValueError(
+            f"steps_per_turn must be a positive integer (0 or None: the official runner's), got {steps_per_turn!r}"
+        )
+    if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, (int, float)) or not call_timeout_s > 0:
+        raise ValueError(f"call_timeout_s must be a positive number of seconds, got {call_timeout_s!r}")
+
+
 class BFCLEnv:
     def __init__(
         self, steps_per_turn: int | None = None, max_observation_chars: int = 100_000, call_timeout_s: float = 2.0
     ):
         """steps_per_turn: the per-turn step limit; None means the official runner's (20). call_timeout_s: the
         time one backend call may take, at the step and again at scoring (the official runner has none)."""
-        if steps_per_turn is not None and (not isinstance(steps_per_turn, int) or steps_per_turn < 1):
-            raise ValueError(f"steps_per_turn must be a positive integer or None, got {steps_per_turn!r}")
-        if not isinstance(call_timeout_s, (int, float)) or not call_timeout_s > 0:
-            raise ValueError(f"call_timeout_s must be a positive number of seconds, got {call_timeout_s!r}")
+        check_limits(steps_per_turn, call_timeout_s)
         self.call_timeout_s = float(call_timeout_s)
         self.steps_per_turn = steps_per_turn or _official_step_limit()
         self.max_observation_chars = max_observation_chars
@@ -461,16 +470,7 @@ class BFCLSettings:
     call_timeout_s: float = 2.0  # CPU seconds one backend call may take, at the step and at scoring
 
     def __post_init__(self):
-        if isinstance(self.steps_per_turn, bool) or not isinstance(self.steps_per_turn, int) or self.steps_per_turn < 0:
-            raise ValueError(
-                f"steps_per_turn must be an integer >= 1, or 0 for the official runner's, got {self.steps_per_turn!r}"
-            )
-        if (
-            isinstance(self.call_timeout_s, bool)
-            or not isinstance(self.call_timeout_s, (int, float))
-            or not self.call_timeout_s > 0
-        ):
-            raise ValueError(f"call_timeout_s must be a positive number of seconds, got {self.call_timeout_s!r}")
+        check_limits(self.steps_per_turn or None, self.call_timeout_s)
 
 
 def bfcl_spec(settings: BFCLSettings) -> EnvSpec:
