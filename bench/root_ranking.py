@@ -180,14 +180,6 @@ def beta_powers(a: np.ndarray, b: np.ndarray, upto: int) -> np.ndarray:
     return np.concatenate([np.ones((len(a), 1)), np.cumprod(steps, axis=1)], axis=1)
 
 
-def beta_power(a: np.ndarray, b: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """E[v^e] under Beta(a, b), elementwise (e >= 0 integers)."""
-    e = np.asarray(e, dtype=int)
-    if not len(e):
-        return np.zeros(0)
-    return beta_powers(np.asarray(a, float), np.asarray(b, float), int(e.max()))[np.arange(len(e)), e]
-
-
 def probe_extend(v: np.ndarray, first: np.ndarray, probes: int, budget: int, strength: float) -> np.ndarray:
     """Extra rollouts per candidate after one probe rollout on the `probes` candidates whose V~ says they are
     likeliest to disagree (largest v(1 - v)); -1 marks a candidate not probed. After its probe's outcome r a

@@ -45,6 +45,8 @@ def test_the_disagreement_estimates_are_exact_on_the_samples_and_unbiased():
 def test_probe_then_extend_is_the_best_split_of_the_extra_rollouts_by_brute_force():
     import itertools
 
+    from scipy.special import betaln
+
     v, first = np.array([0.5, 0.9, 0.2, 0.6, 0.05]), np.array([1, 1, 0, 0, 1])
     probes, budget = 4, 9
     extra = root_ranking.probe_extend(v, first, probes, budget, strength=2.0)
@@ -54,8 +56,9 @@ def test_probe_then_extend_is_the_best_split_of_the_extra_rollouts_by_brute_forc
         total = 0.0
         for i, ei in zip(range(4), e):
             a, b = 2.0 * v[i] + first[i], 2.0 * (1 - v[i]) + 1 - first[i]
-            same = root_ranking.beta_power(np.array([a if first[i] else b]), np.array([b if first[i] else a]), [ei])
-            total += 1.0 - same[0]
+            # P(all ei extra rollouts repeat the probe's outcome): E v^ei after a success, E (1-v)^ei after a failure
+            same, other = (a, b) if first[i] else (b, a)
+            total += 1.0 - np.exp(betaln(same + ei, other) - betaln(same, other))
         return total
 
     best = max(value(e) for e in itertools.product(range(8), repeat=4) if sum(e) <= budget - probes)
