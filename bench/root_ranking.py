@@ -35,10 +35,9 @@ import pickle
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from trace_rl.allocation import allocate_roots
-from trace_rl.envs.registry import get_env
+from trace_rl.commands.eval import read_run
 from trace_rl.tree import RolloutTree
 
 HALF = 8  # samples per half
@@ -49,10 +48,7 @@ FOLDS, LAMBDA = 8, 1.0
 def load_eval(run: Path) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray, Path, dict]:
     """Tasks, half A's and half B's success counts per task, the first sample's outcome (a probe's), the
     checkpoint and the environment's spec."""
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
-    env = cfg["env"]
-    settings = {k: v for k, v in (env.get(env["name"]) or {}).items() if v not in ([], None, "")}
-    spec = get_env(env["name"], **settings)
+    cfg, spec = read_run(run)
     scores: dict[int, dict[int, float]] = collections.defaultdict(dict)
     for line in (run / "samples.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -67,7 +63,7 @@ def load_eval(run: Path) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray
     ka = np.array([sum(scores[i][s] > 0.5 for s in range(HALF)) for i in range(n)])
     kb = np.array([sum(scores[i][s] > 0.5 for s in range(HALF, 2 * HALF)) for i in range(n)])
     first = np.array([int(scores[i][0] > 0.5) for i in range(n)])
-    return tasks, ka, kb, first, Path(cfg["policy"]["model"]), spec
+    return tasks, ka, kb, first, Path(cfg.policy.model), spec
 
 
 def run_values(ckpt: Path, tasks: list[dict]) -> dict[str, np.ndarray]:

@@ -19,17 +19,12 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
-from trace_rl.envs.registry import get_env
+from trace_rl.commands.eval import read_run
 
 
 def outcomes(run: Path) -> tuple[dict[str, list[tuple[int, int]]], int]:
     """{group label: [(successes, samples) per task]} of one eval run, and the samples per task."""
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
-    env = cfg["env"]
-    settings = {k: v for k, v in (env.get(env["name"]) or {}).items() if v not in ([], None, "")}
-    spec = get_env(env["name"], **settings)
+    cfg, spec = read_run(run)
     scores: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     for line in (run / "samples.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -45,7 +40,7 @@ def outcomes(run: Path) -> tuple[dict[str, list[tuple[int, int]]], int]:
     for key, s in sorted(scores.items()):
         label = spec.group(tasks[key]) if spec.group else key[0]
         groups[label].append((sum(x > 0.5 for x in s), len(s)))
-    return groups, int(cfg["samples"])
+    return groups, cfg.samples
 
 
 def shares(rows: list[tuple[int, int]]) -> dict[str, float]:

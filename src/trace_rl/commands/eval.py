@@ -41,6 +41,16 @@ class EvalConfig:
             raise ValueError("bench: give either data=FILE or bench names, not both")
 
 
+def read_run(out: str | Path):
+    """(the settings, the environment's spec) of a finished `trace-rl eval out=DIR` run, from its config.yaml: what
+    an analysis of its samples.jsonl rebuilds the tasks with (`spec.benchmarks[name](limit)`)."""
+    from ..config import load_config
+    from ..stack.build import build_env
+
+    cfg, _ = load_config(EvalConfig, ["--config", str(Path(out) / "config.yaml")])
+    return cfg, build_env(cfg.env)
+
+
 def run(cfg: EvalConfig, yaml_text: str) -> list[dict]:
     """Every chosen benchmark in turn; prints the table, writes samples.jsonl and config.yaml under `out` when
     set; returns one row per benchmark (pass@k and success by difficulty)."""
