@@ -222,28 +222,27 @@ def pool_study(
     """Mean over pools of stage 1's effective ratio and mixed prompts per value source, and GRPO's; with
     `first` (each task's probe outcome), also probe-then-extend on V~ raw."""
     rng = np.random.default_rng(seed)
-    acc = collections.defaultdict(lambda: {"ratio": [], "mixed": [], "prompts": []})
+    groups = collections.defaultdict(list)  # source -> per pool, the disagreement chance of each active prompt
     for p in range(pools):
         pool = rng.choice(len(kb), size=POOL, replace=False)
-        grpo = mixed_prob(kb[pool[:GRPO_PROMPTS]], np.full(GRPO_PROMPTS, GRPO_GROUP))
-        acc["GRPO (8 x 8)"]["ratio"].append(grpo.mean())
-        acc["GRPO (8 x 8)"]["mixed"].append(grpo.sum())
-        acc["GRPO (8 x 8)"]["prompts"].append(GRPO_PROMPTS)
+        groups["GRPO (8 x 8)"].append(mixed_prob(kb[pool[:GRPO_PROMPTS]], np.full(GRPO_PROMPTS, GRPO_GROUP)))
         for name, v in values.items():
             m = allocate_roots(np.clip(v[pool], 0.0, 1.0), ROOT_BUDGET, MAX_PER_PROMPT, seed=p)
-            mix = mixed_prob(kb[pool], m)[m > 0]
-            acc[name]["ratio"].append(mix.mean() if mix.size else 0.0)
-            acc[name]["mixed"].append(mix.sum())
-            acc[name]["prompts"].append(int((m > 0).sum()))
+            groups[name].append(mixed_prob(kb[pool], m)[m > 0])
         if first is not None and "V~ raw" in values:
             for k in PROBES:
                 extra = probe_extend(values["V~ raw"][pool], first[pool], k, ROOT_BUDGET, PRIOR_STRENGTH)
-                mix = probe_mixed(kb[pool], first[pool], extra)[extra >= 0]
-                name = f"probe {k}, extend {ROOT_BUDGET - k} (V~ raw)"
-                acc[name]["ratio"].append(mix.mean())
-                acc[name]["mixed"].append(mix.sum())
-                acc[name]["prompts"].append(k)
-    return {name: {k: float(np.mean(x)) for k, x in d.items()} for name, d in acc.items()}
+                groups[f"probe {k}, extend {ROOT_BUDGET - k} (V~ raw)"].append(
+                    probe_mixed(kb[pool], first[pool], extra)[extra >= 0]
+                )
+    return {
+        name: {
+            "ratio": float(np.mean([g.mean() if g.size else 0.0 for g in per_pool])),
+            "mixed": float(np.mean([g.sum() for g in per_pool])),
+            "prompts": float(np.mean([g.size for g in per_pool])),
+        }
+        for name, per_pool in groups.items()
+    }
 
 
 def study(run: Path, pools: int) -> dict:
