@@ -13,8 +13,8 @@ effective ratio, each with a t interval over pairs; mixed prompts a step, flips 
 groups per 1k rollouts over all steps; generated tokens per run) and one per pair of methods a - b: the paired
 difference of final accuracy, of the mean of evaluations, and at equal tokens (both curves read at the smaller
 token total), each with a paired percentile-bootstrap 95% interval over the pairs, the ratio of the mean
-effective ratios, and the per-warm-start means of the final difference (a sign shared by every warm start is what
-the protocol asks for).
+effective ratios and their paired difference (with its interval), and the per-warm-start means of the final
+difference (a sign shared by every warm start is what the protocol asks for).
 With --runs NAME=DIR, the method directory DIR of another compare output (a variant of a method run with
 other settings, so under its own `out`) is read as one more method, NAME, paired with the others by pair name.
 Several OUT directories, or NAME=DIR,DIR,..., pool studies of the same settings run on other seeds (a pair found
@@ -145,8 +145,8 @@ def pair_row(a: str, b: str, runs: dict[str, dict[str, dict]]) -> dict:
     final = paired_interval([s["accuracy_after"] for s in ra], [s["accuracy_after"] for s in rb])
     mean = paired_interval([mean_trained_accuracy(s) for s in ra], [mean_trained_accuracy(s) for s in rb])
     tokens = paired_interval(*zip(*[at_equal_cost(curves(x)["tokens"], curves(y)["tokens"]) for x, y in zip(ra, rb)]))
-    er_a = np.mean(run_means([s["records"] for s in ra], "rollout/effective_ratio"))
-    er_b = np.mean(run_means([s["records"] for s in rb], "rollout/effective_ratio"))
+    er_a = run_means([s["records"] for s in ra], "rollout/effective_ratio")
+    er_b = run_means([s["records"] for s in rb], "rollout/effective_ratio")
     by_warm: dict[int, list[float]] = {}
     for x, y in zip(ra, rb):
         by_warm.setdefault(x.get("warm", 0), []).append(x["accuracy_after"] - y["accuracy_after"])
@@ -156,7 +156,8 @@ def pair_row(a: str, b: str, runs: dict[str, dict[str, dict]]) -> dict:
         "final": format_interval(final, signed=True),
         "mean_of_evals": format_interval(mean, signed=True),
         "equal_tokens": format_interval(tokens, signed=True),
-        "er_a/er_b": f"{er_a / er_b:.2f}" if er_b else "-",
+        "er_a/er_b": f"{np.mean(er_a) / np.mean(er_b):.2f}" if np.mean(er_b) else "-",
+        "er_a - er_b": format_interval(paired_interval(er_a, er_b), signed=True),
         "final by warm start": ", ".join(f"tiny@{w}: {np.mean(d):+.3f}" for w, d in sorted(by_warm.items())),
     }
 

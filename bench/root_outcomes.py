@@ -6,7 +6,16 @@ Read from each run's predictions.jsonl (root records with at least two bare roll
 a root, the bare rollouts' success share, and the shares of roots whose bare rollouts all failed, all succeeded
 or disagreed, then the share whose tree (continuations included) holds both outcomes, the effective ratio's
 numerator. It tells whether a low effective ratio comes from where the roots lie (all-fail and all-succeed
-prompts) or from how few rollouts each gets. Prints figures, asserts nothing.
+prompts) or from how few rollouts each gets.
+
+A second table says what stage 2 does to the ratio, from the same records read tree by tree (a tree's records
+are written root first, and its continuations must add up to its leaves less its bare rollouts, which is
+checked): of the trees whose bare rollouts agree, how many continuations each got, how often one flipped its
+rollout's outcome and the share made mixed; the same for trees already mixed; and a ceiling on the ratio
+stage 2 could reach with these roots, had every continuation gone to the agreeing trees, evenly, each flipping
+independently at the rate measured there. The ceiling is optimistic twice over: the allocator already took
+the likeliest prefixes first, so further continuations flip less, and flips under one tree go together. Prints
+figures, asserts nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +38,53 @@ def root_rows(method_dir: Path) -> np.ndarray:
     return np.array(rows, dtype=np.float64).reshape(-1, 3)
 
 
+def tree_rows(method_dir: Path) -> np.ndarray:
+    """(bare rollouts, bare successes, target, continuations, flips) of every tree with a root record."""
+    rows = []
+    for path in sorted(method_dir.glob("*/predictions.jsonl")):
+        tree: list[float] | None = None
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines() + [""]):
+            rec = json.loads(line) if line.strip() else {"depth": 0, "end": True}
+            if rec.get("depth") == 0:
+                if tree is not None:
+                    bare, succ, target, leaves, cont, flips = tree
+                    if cont != leaves - bare:
+                        raise SystemExit(
+                            f"root_outcomes: {path}, the tree ending at line {n}: {cont:.0f} continuations under "
+                            f"{leaves:.0f} leaves and {bare:.0f} bare rollouts; the records are not one tree after "
+                            "another"
+                        )
+                    rows.append((bare, succ, target, cont, flips))
+                tree = None if rec.get("end") else [
+                    rec.get("bare_rollouts", 0), rec.get("bare_successes", 0), rec["target"], rec["leaves"], 0, 0
+                ]  # fmt: skip
+            elif tree is not None:
+                tree[4] += rec.get("continuations", 0)
+                tree[5] += rec.get("flips", 0)
+    return np.array(rows, dtype=np.float64).reshape(-1, 5)
+
+
+def stage2_figures(rows: np.ndarray) -> dict[str, float]:
+    """What stage 2 spent where, and the ratio it could reach with every continuation in the agreeing trees."""
+    k, s, target, cont, flips = rows.T
+    agree = (s == 0) | (s == k)
+    mixed_tree = (target > 0) & (target < 1)
+    c_agree, c_mixed = cont[agree].sum(), cont[~agree].sum()
+    rate = flips[agree].sum() / c_agree if c_agree else 0.0
+    per_tree = cont.sum() / agree.sum() if agree.any() else 0.0
+    return {
+        "trees": float(len(rows)),
+        "agreeing": float(agree.mean()),
+        "cont_agree": float(c_agree / max(agree.sum(), 1)),
+        "flip_agree": float(rate),
+        "made_mixed": float(mixed_tree[agree].mean()) if agree.any() else 0.0,
+        "cont_mixed": float(c_mixed / max((~agree).sum(), 1)),
+        "flip_mixed": float(flips[~agree].sum() / c_mixed) if c_mixed else 0.0,
+        "ratio": float(mixed_tree.mean()),
+        "ceiling": float((~agree).mean() + agree.mean() * (1.0 - (1.0 - rate) ** per_tree)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+", help="method directories of compare outputs (holding seed*/ runs)")
@@ -47,6 +103,18 @@ def main() -> None:
         print(
             f"{d:32s} {len(a):6d} {k.mean():9.2f} {s.sum() / k.sum():7.3f} {fail:8.3f} {succ:8.3f}"
             f" {1 - fail - succ:10.3f} {mixed_tree:10.3f}"
+        )
+    print(
+        f"\nstage 2, by whether a tree's bare rollouts agree\n{'method dir':32s} {'trees':>6s} {'agreeing':>8s}"
+        f" {'cont/tree':>9s} {'flips/cont':>10s} {'made mixed':>10s} {'| mixed: cont/tree':>18s} {'flips/cont':>10s}"
+        f" {'ratio':>6s} {'ceiling':>7s}"
+    )
+    for d in args.dirs:
+        f = stage2_figures(tree_rows(Path(d)))
+        print(
+            f"{d:32s} {f['trees']:6.0f} {f['agreeing']:8.3f} {f['cont_agree']:9.2f} {f['flip_agree']:10.3f}"
+            f" {f['made_mixed']:10.3f} {f['cont_mixed']:18.2f} {f['flip_mixed']:10.3f} {f['ratio']:6.3f}"
+            f" {f['ceiling']:7.3f}"
         )
 
 

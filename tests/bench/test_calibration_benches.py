@@ -46,6 +46,7 @@ def _write_run(path: Path, seed: int) -> None:
             recs.append({"method": "trace", "step": step, "depth": int(rng.integers(1, 5)),
                          "predicted": float(rng.uniform(0.1, 0.9)), "bare_reward": float(rng.integers(0, 2)),
                          "continuations": c, "flips": int(rng.integers(0, c + 1))})  # fmt: skip
+            recs[-2]["leaves"] += c  # a root's leaves: its bare rollouts and the continuations under it
     path.mkdir(parents=True)
     (path / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
@@ -115,3 +116,49 @@ def test_root_outcomes_counts_the_roots_bare_results(runs, monkeypatch, capsys):
     k, s = rows[:, 0], rows[:, 1]
     assert float(line[3]) == pytest.approx(s.sum() / k.sum(), abs=5e-4)
     assert float(line[4]) == pytest.approx(np.mean(s == 0), abs=5e-4)
+
+
+def _tree(bare: int, succ: int, target: float, anchors: list[tuple[int, int]]) -> list[dict]:
+    cont = sum(c for c, _ in anchors)
+    root = {"depth": 0, "predicted": 0.5, "target": target, "leaves": bare + cont, "bare_rollouts": bare,
+            "bare_successes": succ}  # fmt: skip
+    return [root] + [
+        {
+            "depth": 1,
+            "predicted": 0.5,
+            "target": target,
+            "leaves": 1,
+            "bare_reward": 1.0,
+            "continuations": c,
+            "flips": f,
+        }
+        for c, f in anchors
+    ]
+
+
+def test_stage2_split_and_ceiling_by_hand(tmp_path, monkeypatch, capsys):
+    outcomes = _load("root_outcomes", monkeypatch)
+    recs = (
+        _tree(3, 3, 1.0, [(2, 0), (1, 0)])  # agreeing, stays so: 3 continuations, no flip
+        + _tree(3, 0, 0.2, [(3, 1)])  # agreeing, made mixed by one flip in 3
+        + _tree(2, 1, 0.5, [(1, 1), (1, 0)])  # mixed already: 2 continuations, one flip
+        + [{"depth": 2, "predicted": 0.5, "target": 0.5, "leaves": 1, "bare_reward": 0.0}]  # an anchor with none
+    )
+    run = tmp_path / "trace" / "seed100"
+    run.mkdir(parents=True)
+    (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rows = outcomes.tree_rows(run.parent)
+    assert rows.tolist() == [[3, 3, 1.0, 3, 0], [3, 0, 0.2, 3, 1], [2, 1, 0.5, 2, 1]]
+    f = outcomes.stage2_figures(rows)
+    assert f["agreeing"] == pytest.approx(2 / 3) and f["cont_agree"] == 3.0 and f["flip_agree"] == pytest.approx(1 / 6)
+    assert f["made_mixed"] == 0.5 and f["cont_mixed"] == 2.0 and f["flip_mixed"] == 0.5
+    assert f["ratio"] == pytest.approx(2 / 3)
+    # all 8 continuations to the two agreeing trees, 4 each, flipping at 1/6: 1/3 + 2/3 (1 - (5/6)^4)
+    assert f["ceiling"] == pytest.approx(1 / 3 + 2 / 3 * (1 - (5 / 6) ** 4))
+    monkeypatch.setattr(sys, "argv", ["root_outcomes.py", str(run.parent)])
+    outcomes.main()
+    assert capsys.readouterr().out.splitlines()[-1].split()[-2:] == ["0.667", f"{f['ceiling']:.3f}"]
+    bad = recs[:3] + [dict(recs[3], leaves=9)] + recs[3:]  # a tree whose continuations do not add up
+    (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+    with pytest.raises(SystemExit, match="not one tree after another"):
+        outcomes.tree_rows(run.parent)

@@ -61,6 +61,7 @@ def test_differences_by_hand(study):
     assert row["mean_of_evals"].startswith(f"{(0.075 + 0.045 + 0.075) / 3:+.3f} [")
     assert row["equal_tokens"].startswith("+0.080 [")  # same tokens spent: read at the end of both
     assert row["er_a/er_b"] == "0.50"
+    assert row["er_a - er_b"] == "-0.250 [-0.250, -0.250]"  # 0.25 against 0.5 in every pair
     assert row["final by warm start"] == "tiny@0: +0.100, tiny@2: +0.040"
     row = lm_paired.method_row("grpo", runs["grpo"])
     assert row["gain"].startswith("+0.100 [")
