@@ -315,3 +315,43 @@ def prefix_value(flip_prob, counts) -> float:
     """Objective of the prefix problem: expected number of anchors with at least one flipped continuation."""
     q = np.asarray(flip_prob, dtype=np.float64)
     return float(np.sum(1.0 - (1.0 - q) ** np.asarray(counts)))
+
+
+def allocate_tree_mixing(flip_probs, agree, budget: int, seed: int = 0) -> list[np.ndarray]:
+    """Stage 2 pooled over a step's trees (`trace_mix`): continuations per anchor of each tree.
+
+    Maximises the expected number of trees whose bare rollouts agreed (all failed or all succeeded) that end
+    with both outcomes, sum_t 1 - prod_j (1 - q_tj)^K_tj over the agreeing trees, sum K = budget. For a tree's
+    count k_t the product is smallest with every unit on its likeliest flip q*_t (ties: the first anchor), so the
+    problem is the prefix problem on the q*_t and `allocate_prefixes` solves it exactly. Trees that disagree
+    already get nothing: their contrast needs no continuation. When no agreeing tree has an anchor, every anchor
+    of every tree competes under stage 2's own objective (`allocate_prefixes` on them all). `flip_probs[t]`
+    holds tree t's anchors' flip probabilities (maybe none); `agree[t]` whether its bare rollouts agreed.
+    """
+    qs = [check_probabilities(f"flip_probs[{t}]", q) for t, q in enumerate(flip_probs)]
+    agree = np.asarray(agree, dtype=bool)
+    if agree.shape != (len(qs),):
+        raise ValueError(f"agree must hold one flag per tree ({len(qs)}), got shape {agree.shape}")
+    budget = check_budget("budget", budget)
+    out = [np.zeros(q.size, dtype=np.int64) for q in qs]
+    targets = [t for t, q in enumerate(qs) if agree[t] and q.size]
+    if targets:
+        best = [int(np.argmax(qs[t])) for t in targets]
+        k = allocate_prefixes([qs[t][j] for t, j in zip(targets, best)], budget, seed=seed)
+        for t, j, kt in zip(targets, best, k):
+            out[t][j] = kt
+        return out
+    sizes = [q.size for q in qs]
+    k = allocate_prefixes(np.concatenate(qs) if qs else np.zeros(0), budget, seed=seed)
+    for t, part in enumerate(np.split(k, np.cumsum(sizes)[:-1]) if qs else []):
+        out[t] = part
+    return out
+
+
+def tree_mixing_value(flip_probs, agree, counts) -> float:
+    """The objective of `allocate_tree_mixing`: expected agreeing trees made mixed by `counts` (per anchor)."""
+    total = 0.0
+    for q, a, k in zip(flip_probs, agree, counts):
+        if a and len(q):
+            total += 1.0 - float(np.prod((1.0 - np.asarray(q, dtype=np.float64)) ** np.asarray(k)))
+    return total

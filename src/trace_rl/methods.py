@@ -34,7 +34,7 @@ ROOT_STRATEGIES = (
     "active",
     *(f"active_{o}" for o in TEACH_ALPHA),
 )
-PREFIX_STRATEGIES = ("none", "random", "active")
+PREFIX_STRATEGIES = ("none", "random", "active", "mix")
 
 
 def uniform_split(prompts: int, budget: int) -> np.ndarray:
@@ -85,4 +85,9 @@ def allocate_method_prefixes(
         return rng.multinomial(budget, np.full(flip_prob.size, 1.0 / flip_prob.size)).astype(np.int64)
     if method.prefix == "active":
         return allocate_prefixes(flip_prob, budget, seed=int(rng.integers(2**31)))
+    if method.prefix == "mix":
+        raise ValueError(
+            f"method {method.name} pools stage 2 over a step's prompts (rollout.grow.PooledStage2); it runs in "
+            "trace-rl's own engine with executor=local, not one prompt at a time"
+        )
     raise ValueError(f"unknown prefix strategy {method.prefix!r}; choose from {PREFIX_STRATEGIES}")

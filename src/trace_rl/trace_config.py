@@ -79,6 +79,9 @@ METHODS: dict[str, Method] = {
         Method("trace_rows", "active_rows", "active", "trace"),
         Method("trace_grad", "active_grad", "active", "trace"),
         Method("trace_grad_unscaled", "active_grad_unscaled", "active", "trace"),
+        # TRACE with stage 2 pooled over the step's prompts, spent on making trees whose bare rollouts agree
+        # mixed (allocation.allocate_tree_mixing; a barrier after the bare rollouts, local executor only)
+        Method("trace_mix", "active", "mix", "trace"),
     ]
 }
 

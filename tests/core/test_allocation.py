@@ -200,3 +200,37 @@ def test_roots_exact_when_the_threshold_lies_deep():
         m = allocate_roots(v, budget, mmax, seed=trial)
         assert m.sum() == budget and m.max() <= mmax and not np.any(m == 1)
         assert root_value(v, m).sum() == pytest.approx(knapsack_dp(v, budget, mmax)[budget], abs=1e-9)
+
+
+def test_tree_mixing_matches_brute_force_over_every_anchor():
+    from trace_rl.allocation import allocate_tree_mixing, tree_mixing_value
+
+    rng = np.random.default_rng(7)
+    for trial in range(400):
+        trees = int(rng.integers(1, 4))
+        qs = [random_probs(rng, int(rng.integers(0, 3))) for _ in range(trees)]
+        agree = rng.random(trees) < 0.6
+        budget = int(rng.integers(0, 6))
+        k = allocate_tree_mixing(qs, agree, budget, seed=trial)
+        flat = np.concatenate(qs)
+        spent = budget if flat.size else 0  # no anchor anywhere: nothing can be spent (callers count it)
+        assert [x.size for x in k] == [q.size for q in qs] and sum(int(x.sum()) for x in k) == spent
+        if not any(a and q.size for q, a in zip(qs, agree)):  # nothing to make mixed: stage 2's own objective
+            if flat.size:
+                assert prefix_value(flat, np.concatenate(k)) == pytest.approx(brute_prefix(flat, budget), abs=1e-12)
+            continue
+        best = -1.0  # every way to place the budget on every anchor of every tree (mixed trees' too)
+        for counts in itertools.product(range(budget + 1), repeat=flat.size):
+            if sum(counts) == budget:
+                parts = np.split(np.array(counts), np.cumsum([q.size for q in qs])[:-1])
+                best = max(best, tree_mixing_value(qs, agree, parts))
+        assert tree_mixing_value(qs, agree, k) == pytest.approx(best, abs=1e-12)
+        for q, a, x in zip(qs, agree, k):  # units sit on a tree's likeliest flip, never in a mixed tree
+            assert not x.sum() or (a and x[int(np.argmax(q))] == x.sum())
+
+
+def test_tree_mixing_refuses_mismatched_flags():
+    from trace_rl.allocation import allocate_tree_mixing
+
+    with pytest.raises(ValueError, match="one flag per tree"):
+        allocate_tree_mixing([[0.2], [0.3]], [True], 2)

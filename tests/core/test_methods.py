@@ -73,3 +73,10 @@ def test_uniform_split_and_errors():
         BudgetPlan(prompts=0)
     with pytest.raises(ValueError, match="max_per_prompt"):
         BudgetPlan(max_per_prompt=1)
+
+
+def test_the_pooled_stage2_is_not_a_per_prompt_allocation():
+    from trace_rl.methods import allocate_method_prefixes
+
+    with pytest.raises(ValueError, match="trace_mix pools stage 2 over a step's prompts.*executor=local"):
+        allocate_method_prefixes(get_method("trace_mix"), np.array([0.3, 0.2]), 2, np.random.default_rng(0))

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from helpers_calc import scripted_calc  # noqa: E402
 
-from trace_rl.allocation import prefix_flip_prob  # noqa: E402
+from trace_rl.allocation import prefix_flip_prob, prefix_value  # noqa: E402
 from trace_rl.backends.base import SamplingParams, ScriptedBackend  # noqa: E402
 from trace_rl.envs.calculator import CalculatorEnv, make_task, make_tasks  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
@@ -254,3 +254,48 @@ def test_without_the_layer_stage_2_reads_q_from_v_and_records_it(tok):
     res = engine(tok, light_text_predictor(), plan).grow(make_tasks(4, seed=0, steps=(2, 3)), get_method("trace"))
     anchors = [(node, r) for t in res.active for node, r in t.anchors()]
     assert anchors and all(n.flip_predicted == prefix_flip_prob(r, n.predicted) for n, r in anchors)
+
+
+@pytest.mark.parametrize("batching", ["round", "eager"])
+def test_pooled_stage2_spends_the_step_budget_on_trees_whose_bare_rollouts_agree(tok, batching):
+    from trace_rl.allocation import allocate_tree_mixing, tree_mixing_value
+
+    plan = BudgetPlan(prompts=4, rollouts_per_prompt=4, branch_factor=1, pool_factor=2, max_per_prompt=4)
+    runs = []
+    for _ in range(2):
+        eng = engine(tok, light_text_predictor(), plan, wrong_every=4, batching=batching)
+        res = eng.grow(make_tasks(8, seed=4, steps=(2, 3)), get_method("trace_mix"), step=1)
+        runs.append(_trees_json(res))
+    if batching == "round":  # the barrier and the pooled allocation leave a seed's trees reproducible (eager
+        assert runs[0] == runs[1]  # batches as requests come, and the scripted backend reads the call order)
+    assert res.rollouts + res.unspent_prefix_budget == plan.total and res.unspent_prefix_budget == 0
+    qs, agree, counts = [], [], []
+    for t in res.active:
+        anchors = t.anchors()
+        qs.append(np.array([n.flip_predicted for n, _ in anchors]))
+        agree.append(len({r > 0.5 for r in t.started_rewards(t.root_id)}) == 1)
+        counts.append(np.array([len(t.started_rewards(n.node_id)) for n, _ in anchors]))
+    assert sum(int(c.sum()) for c in counts) == res.continuations > 0
+    best = allocate_tree_mixing(qs, agree, res.continuations)
+    if any(a and q.size for q, a in zip(qs, agree)):
+        for q, a, c in zip(qs, agree, counts):  # a tree's continuations all branch from its likeliest flip
+            assert not c.sum() or (a and c[int(np.argmax(q))] == c.sum())
+        assert tree_mixing_value(qs, agree, counts) == pytest.approx(tree_mixing_value(qs, agree, best), abs=1e-12)
+    else:  # every tree mixed already: stage 2's own objective over every anchor of the step
+        assert prefix_value(np.concatenate(qs), np.concatenate(counts)) == pytest.approx(
+            prefix_value(np.concatenate(qs), np.concatenate(best)), abs=1e-12
+        )
+    if batching == "round":  # this step holds both kinds of tree: the test says something
+        assert any(agree) and not all(agree)
+
+
+def test_pooled_stage2_needs_the_local_executor(tok):
+    class Elsewhere:
+        async def run(self, ctx, jobs):
+            raise AssertionError("never reached")
+
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=4, branch_factor=1, pool_factor=1, max_per_prompt=4)
+    eng = engine(tok, light_text_predictor(), plan)
+    eng.executor = Elsewhere()
+    with pytest.raises(ValueError, match="trace_mix pools stage 2.*executor=local"):
+        eng.grow(make_tasks(2, seed=0, steps=(2,)), get_method("trace_mix"))

@@ -35,7 +35,7 @@ from ..predictors.root_calibration import RootCalibrator, root_observations
 from ..seeding import derive_rng, derive_seed
 from ..trace_config import PREFIX_SHARE, check_prefix_share
 from ..tree import BARE, RolloutTree, TurnNode
-from .grow import TIMERS, Actor, Clock, PromptJob, PromptResult, StepContext, grow_prompt, lockstep
+from .grow import TIMERS, Actor, Clock, PooledStage2, PromptJob, PromptResult, StepContext, grow_prompt, lockstep
 
 
 @dataclass
@@ -181,7 +181,16 @@ class TreeRolloutEngine:
             tree.root.predicted = float(vi)
 
         jobs = [PromptJob(i, trees[i], tasks[i], int(mi)) for i, mi in enumerate(m) if mi > 0]
-        ctx = StepContext(self.actor, self.predictor, self.plan, method, self.seed, step, clock, start, self.flip_model)
+        pool = None
+        if method.prefix == "mix":
+            if not isinstance(self.executor, LocalExecutor):
+                raise ValueError(f"method {method.name} pools stage 2 over a step's prompts; it needs executor=local")
+            pool = PooledStage2(
+                len(jobs), self.actor, clock, int(derive_rng(self.seed, "prefixes", step).integers(2**31))
+            )
+        ctx = StepContext(
+            self.actor, self.predictor, self.plan, method, self.seed, step, clock, start, self.flip_model, pool
+        )
         done = await self.executor.run(ctx, jobs)
         for res in done:  # an executor in another process returns its own copy of the tree
             trees[res.index] = res.tree

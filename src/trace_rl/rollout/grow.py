@@ -9,6 +9,7 @@ This module imports neither, so the executors and the engine depend on it, not o
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from ..allocation import prefix_flip_prob
+from ..allocation import allocate_tree_mixing, prefix_flip_prob
 from ..methods import BudgetPlan, Method, allocate_method_prefixes
 from ..predictors.base import Predictor
 from ..seeding import derive_rng, derive_seed
@@ -127,6 +128,38 @@ class StepContext:
     clock: Clock
     t0: float
     flip_model: FlipModel | None = None  # stage 2's flip probability; None: q from V~ (`allocation.prefix_flip_prob`)
+    stage2_pool: PooledStage2 | None = None  # prefix strategy `mix`: the step's one pooled stage 2
+
+
+class PooledStage2:
+    """Stage 2 pooled over a step's prompts (prefix strategy `mix`, `allocation.allocate_tree_mixing`). Each
+    prompt hands in its anchors' flip probabilities, whether its bare rollouts agreed and its own stage-2 budget
+    as soon as its bare rollouts end, then waits; the last to hand in runs one allocation of the whole budget and
+    every prompt goes on with its share. The price is a barrier: no continuation starts before every bare rollout
+    of the step has ended. The prompts must share this object, so it runs in the local executor only."""
+
+    def __init__(self, prompts: int, actor: Actor, clock: Clock, seed: int):
+        self.prompts, self.actor, self.clock, self.seed = prompts, actor, clock, seed
+        self.entries: dict[int, tuple[bool, np.ndarray, int]] = {}
+        self.answer: asyncio.Future | None = None
+
+    async def allocate(self, index: int, agree: bool, q: np.ndarray, budget: int) -> tuple[np.ndarray, int]:
+        """This prompt's continuations per anchor and its unspent budget, once every prompt has handed in."""
+        if self.answer is None:
+            self.answer = asyncio.get_running_loop().create_future()
+        self.entries[index] = (agree, q, budget)
+        if len(self.entries) < self.prompts:
+            self.actor.end_prompt()  # waits here: the actor's batcher must not wait for this prompt's requests
+            return (await self.answer)[index]
+        order = sorted(self.entries)
+        qs = [self.entries[i][1] for i in order]
+        total = sum(self.entries[i][2] for i in order)
+        k = allocate_tree_mixing(qs, [self.entries[i][0] for i in order], total, seed=self.seed)
+        spendable = any(q.size for q in qs)  # no anchor in the whole step: every prompt keeps its budget unspent
+        shares = {i: (ki, 0 if spendable else self.entries[i][2]) for i, ki in zip(order, k)}
+        self.actor.begin_step(self.prompts, self.clock)  # every prompt asks for turns again
+        self.answer.set_result(shares)
+        return shares[index]
 
 
 async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
@@ -148,6 +181,9 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
             return out
         anchors = tree.anchors()
         budget = mi * ctx.plan.branch_factor
+        if not anchors and ctx.stage2_pool is not None:  # hands in nothing, but the pool waits for every prompt
+            _, out.unspent_prefix_budget = await ctx.stage2_pool.allocate(i, False, np.zeros(0), budget)
+            return out
         if not anchors:
             out.unspent_prefix_budget = budget
             return out
@@ -162,7 +198,13 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
             q = ctx.flip_model.predict(rewards, values, np.array([node.depth for node, _ in anchors]))
         for (node, _), val, qj in zip(anchors, values, q):
             node.predicted, node.flip_predicted = float(val), float(qj)  # what stage 2 allocated on
-        k = allocate_method_prefixes(method, q, budget, derive_rng(ctx.seed, "prefixes", ctx.step, i))
+        if ctx.stage2_pool is not None:
+            ctx.clock.add("allocate", time.perf_counter() - t1)
+            bare = [r > 0.5 for r in tree.started_rewards(tree.root_id)]
+            k, out.unspent_prefix_budget = await ctx.stage2_pool.allocate(i, len(set(bare)) == 1, q, budget)
+            t1 = time.perf_counter()
+        else:
+            k = allocate_method_prefixes(method, q, budget, derive_rng(ctx.seed, "prefixes", ctx.step, i))
         branches, parents = [], []
         for (node, _), kj in zip(anchors, k):
             for _ in range(kj):
