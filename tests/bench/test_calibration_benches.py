@@ -136,7 +136,7 @@ def _tree(bare: int, succ: int, target: float, anchors: list[tuple[int, int]]) -
     ]
 
 
-def test_stage2_split_and_ceiling_by_hand(tmp_path, monkeypatch, capsys):
+def test_stage2_split_and_estimate_by_hand(tmp_path, monkeypatch, capsys):
     outcomes = _load("root_outcomes", monkeypatch)
     recs = (
         _tree(3, 3, 1.0, [(2, 0), (1, 0)])  # agreeing, stays so: 3 continuations, no flip
@@ -153,12 +153,16 @@ def test_stage2_split_and_ceiling_by_hand(tmp_path, monkeypatch, capsys):
     assert f["agreeing"] == pytest.approx(2 / 3) and f["cont_agree"] == 3.0 and f["flip_agree"] == pytest.approx(1 / 6)
     assert f["made_mixed"] == 0.5 and f["cont_mixed"] == 2.0 and f["flip_mixed"] == 0.5
     assert f["ratio"] == pytest.approx(2 / 3)
-    # all 8 continuations to the two agreeing trees, 4 each, flipping at 1/6: 1/3 + 2/3 (1 - (5/6)^4)
-    assert f["ceiling"] == pytest.approx(1 / 3 + 2 / 3 * (1 - (5 / 6) ** 4))
+    # all 8 continuations to the agreeing trees: the all-succeeded one flips at 0, the all-failed one at 1/3,
+    # so all 8 go to the latter: (1 mixed + 1 - (2/3)^8) / 3 trees
+    assert f["estimate"] == pytest.approx((1 + 1 - (2 / 3) ** 8) / 3)
     monkeypatch.setattr(sys, "argv", ["root_outcomes.py", str(run.parent)])
     outcomes.main()
-    assert capsys.readouterr().out.splitlines()[-1].split()[-2:] == ["0.667", f"{f['ceiling']:.3f}"]
-    bad = recs[:3] + [dict(recs[3], leaves=9)] + recs[3:]  # a tree whose continuations do not add up
+    assert capsys.readouterr().out.splitlines()[-1].split()[-2:] == ["0.667", f"{f['estimate']:.3f}"]
+    (run.parent / "seed101").mkdir()  # a second run: no record crosses from one file to the next
+    (run.parent / "seed101" / "predictions.jsonl").write_text("\n".join(json.dumps(r) for r in recs[:3]) + "\n\n")
+    assert outcomes.tree_rows(run.parent).tolist() == rows.tolist() + [[3, 3, 1.0, 3, 0]]
+    bad = recs[:3] + recs[4:]  # the second tree's root lost: its anchor would land under the first tree
     (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
     with pytest.raises(SystemExit, match="not one tree after another"):
         outcomes.tree_rows(run.parent)
