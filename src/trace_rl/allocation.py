@@ -324,9 +324,10 @@ def allocate_tree_mixing(flip_probs, agree, budget: int, seed: int = 0) -> list[
     with both outcomes, sum_t 1 - prod_j (1 - q_tj)^K_tj over the agreeing trees, sum K = budget. For a tree's
     count k_t the product is smallest with every unit on its likeliest flip q*_t (ties: the first anchor), so the
     problem is the prefix problem on the q*_t and `allocate_prefixes` solves it exactly. Trees that disagree
-    already get nothing: their contrast needs no continuation. When no agreeing tree has an anchor, every anchor
-    of every tree competes under stage 2's own objective (`allocate_prefixes` on them all). `flip_probs[t]`
-    holds tree t's anchors' flip probabilities (maybe none); `agree[t]` whether its bare rollouts agreed.
+    already get nothing: their contrast needs no continuation. When no agreeing tree has an anchor that can flip
+    (q > 0), every anchor of every tree competes under stage 2's own objective (`allocate_prefixes` on them
+    all). `flip_probs[t]` holds tree t's anchors' flip probabilities (maybe none); `agree[t]` whether its bare
+    rollouts agreed.
     """
     qs = [check_probabilities(f"flip_probs[{t}]", q) for t, q in enumerate(flip_probs)]
     agree = np.asarray(agree, dtype=bool)
@@ -334,7 +335,7 @@ def allocate_tree_mixing(flip_probs, agree, budget: int, seed: int = 0) -> list[
         raise ValueError(f"agree must hold one flag per tree ({len(qs)}), got shape {agree.shape}")
     budget = check_budget("budget", budget)
     out = [np.zeros(q.size, dtype=np.int64) for q in qs]
-    targets = [t for t, q in enumerate(qs) if agree[t] and q.size]
+    targets = [t for t, q in enumerate(qs) if agree[t] and q.size and q.max() > 0]
     if targets:
         best = [int(np.argmax(qs[t])) for t in targets]
         k = allocate_prefixes([qs[t][j] for t, j in zip(targets, best)], budget, seed=seed)

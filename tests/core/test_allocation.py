@@ -215,7 +215,7 @@ def test_tree_mixing_matches_brute_force_over_every_anchor():
         flat = np.concatenate(qs)
         spent = budget if flat.size else 0  # no anchor anywhere: nothing can be spent (callers count it)
         assert [x.size for x in k] == [q.size for q in qs] and sum(int(x.sum()) for x in k) == spent
-        if not any(a and q.size for q, a in zip(qs, agree)):  # nothing to make mixed: stage 2's own objective
+        if not any(a and q.size and q.max() > 0 for q, a in zip(qs, agree)):  # none can become mixed: stage 2's own
             if flat.size:
                 assert prefix_value(flat, np.concatenate(k)) == pytest.approx(brute_prefix(flat, budget), abs=1e-12)
             continue
@@ -227,6 +227,8 @@ def test_tree_mixing_matches_brute_force_over_every_anchor():
         assert tree_mixing_value(qs, agree, k) == pytest.approx(best, abs=1e-12)
         for q, a, x in zip(qs, agree, k):  # units sit on a tree's likeliest flip, never in a mixed tree
             assert not x.sum() or (a and x[int(np.argmax(q))] == x.sum())
+    # agreeing trees that cannot flip (q = 0) leave the budget to stage 2's own objective on the others
+    assert [x.tolist() for x in allocate_tree_mixing([[0.0, 0.0], [0.4, 0.3]], [True, False], 3)] == [[0, 0], [2, 1]]
 
 
 def test_tree_mixing_refuses_mismatched_flags():

@@ -299,3 +299,44 @@ def test_pooled_stage2_needs_the_local_executor(tok):
     eng.executor = Elsewhere()
     with pytest.raises(ValueError, match="trace_mix pools stage 2.*executor=local"):
         eng.grow(make_tasks(2, seed=0, steps=(2,)), get_method("trace_mix"))
+
+
+def test_a_prompt_that_fails_before_the_pooled_stage2_ends_the_step_with_its_error(tok):
+    class FailsOnOnePrompt:  # the light predictor, except on the anchors of the first prompt to finish its bare
+        def __init__(self):  # rollouts: that prompt fails before it hands in, the others wait at the barrier
+            self.inner, self.failed = light_text_predictor(), False
+
+        def predict(self, items):
+            if not self.failed and any(node != t.root_id for t, node in items):
+                self.failed = True
+                raise RuntimeError("predictor broke on one prompt")
+            return self.inner.predict(items)
+
+        def update(self, examples, targets):
+            return self.inner.update(examples, targets)
+
+    plan = BudgetPlan(prompts=3, rollouts_per_prompt=4, branch_factor=1, pool_factor=1, max_per_prompt=4)
+    eng = engine(tok, FailsOnOnePrompt(), plan)
+
+    async def step():  # inside a caller's event loop, which nothing ends: the prompts left waiting must end
+        with pytest.raises(RuntimeError, match="predictor broke on one prompt"):
+            await eng.agrow(make_tasks(3, seed=2, steps=(2, 3)), get_method("trace_mix"))
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for _ in range(3000):  # prompts still in their bare rollouts reach the barrier, then end (30 s at most)
+            if all(t.done() for t in others):
+                break
+            await asyncio.sleep(0.01)
+        return [t for t in others if not t.done()]
+
+    assert asyncio.run(step()) == []
+
+
+def test_pooled_stage2_is_refused_with_ray_before_anything_runs():
+    from trace_rl.rollout.engine import check_executor
+
+    check_executor("local", methods=["trace_mix"])
+    check_executor("ray", methods=["trace", "grpo"])
+    with pytest.raises(ValueError, match="executor=ray: trace_mix pools stage 2.*executor=local"):
+        check_executor("ray", methods=["grpo", "trace_mix"])
+    with pytest.raises(ValueError, match="trace_mix:grpo pools stage 2"):
+        check_executor("ray", methods=["trace_mix:grpo"])

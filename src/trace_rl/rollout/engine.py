@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..methods import BudgetPlan, Method, allocate_method_roots
+from ..methods import METHODS, BudgetPlan, Method, allocate_method_roots
 from ..predictors.base import Predictor, training_examples
 from ..predictors.flip import FlipCalibrator, flip_observations
 from ..predictors.root_calibration import RootCalibrator, root_observations
@@ -82,10 +82,14 @@ class LocalExecutor:
 EXECUTORS = ("local", "ray")
 
 
-def check_executor(kind: str, key: str = "executor") -> None:
-    """The one check of an executor name (every command's `executor` setting)."""
+def check_executor(kind: str, key: str = "executor", methods: Sequence[str] = ()) -> None:
+    """The one check of an executor name (every command's `executor` setting), and of the `methods` it will run:
+    a method whose stage 2 is pooled over a step's prompts (`trace_mix`) needs them all in this process."""
     if kind not in EXECUTORS:
         raise ValueError(f"{key} must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+    pooled = [m for m in methods if METHODS.get(m.split(":")[0]) and METHODS[m.split(":")[0]].prefix == "mix"]
+    if kind != "local" and pooled:
+        raise ValueError(f"{key}={kind}: {', '.join(pooled)} pools stage 2 over a step's prompts; it needs {key}=local")
 
 
 def make_executor(kind: str, ray_config=None):

@@ -151,15 +151,30 @@ class PooledStage2:
         if len(self.entries) < self.prompts:
             self.actor.end_prompt()  # waits here: the actor's batcher must not wait for this prompt's requests
             return (await self.answer)[index]
+        t0 = time.perf_counter()
         order = sorted(self.entries)
         qs = [self.entries[i][1] for i in order]
         total = sum(self.entries[i][2] for i in order)
-        k = allocate_tree_mixing(qs, [self.entries[i][0] for i in order], total, seed=self.seed)
+        try:
+            k = allocate_tree_mixing(qs, [self.entries[i][0] for i in order], total, seed=self.seed)
+        except BaseException as err:
+            self.fail(err)
+            raise
+        self.clock.add("allocate", time.perf_counter() - t0)
         spendable = any(q.size for q in qs)  # no anchor in the whole step: every prompt keeps its budget unspent
         shares = {i: (ki, 0 if spendable else self.entries[i][2]) for i, ki in zip(order, k)}
         self.actor.begin_step(self.prompts, self.clock)  # every prompt asks for turns again
         self.answer.set_result(shares)
         return shares[index]
+
+    def fail(self, err: BaseException) -> None:
+        """A prompt failed before the allocation: every prompt waiting for it gets the error instead of waiting
+        for ever (under `agrow` in a caller's event loop nothing else would end them)."""
+        if self.answer is None:
+            self.answer = asyncio.get_running_loop().create_future()
+        if not self.answer.done():
+            self.answer.set_exception(err)
+            self.answer.exception()  # retrieved: asyncio would otherwise log it when no prompt was waiting
 
 
 async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
@@ -218,6 +233,10 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
         out.generated_tokens += tokens
         out.prefix_generated_tokens = tokens
         return out
+    except BaseException as err:
+        if ctx.stage2_pool is not None:  # before its hand-in, the pooled stage 2 would wait for it for ever
+            ctx.stage2_pool.fail(err)
+        raise
     finally:
         actor.end_prompt()
 

@@ -280,4 +280,5 @@ class LMRunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
-        check_executor(self.executor)
+        # `train` runs one method, `rollout` several: a pooled stage 2 must be refused before any model loads
+        check_executor(self.executor, methods=getattr(self, "methods", None) or [getattr(self, "method", "")])

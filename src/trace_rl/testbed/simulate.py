@@ -133,7 +133,7 @@ class SimulateConfig:
             raise ValueError(f"save_trees_every must be >= 0, got {self.save_trees_every}")
         if not self.out:
             raise ValueError("out must be a directory path, got an empty string")
-        check_executor(self.executor)
+        check_executor(self.executor, methods=self.methods)
         if self.env.seed != 0:  # each run sets the family's seed to its own (`seed`, `seeds`)
             raise ValueError(
                 f"env.seed: the task family follows the run's seed; set seed= or seeds=, not {self.env.seed}"
