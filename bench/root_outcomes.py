@@ -30,17 +30,6 @@ import numpy as np
 from trace_rl.allocation import allocate_prefixes, prefix_value
 
 
-def root_rows(method_dir: Path) -> np.ndarray:
-    """(bare rollouts, bare successes, target) of every root with at least two bare rollouts."""
-    rows = []
-    for path in sorted(method_dir.glob("*/predictions.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line) if line.strip() else {}
-            if rec.get("depth") == 0 and rec.get("bare_rollouts", 0) >= 2:
-                rows.append((rec["bare_rollouts"], rec["bare_successes"], rec["target"]))
-    return np.array(rows, dtype=np.float64).reshape(-1, 3)
-
-
 def _tree_row(tree: list[float], path: Path, where: str) -> tuple[float, ...]:
     """A finished tree's row, once its continuations add up to its leaves less its bare rollouts."""
     bare, succ, target, leaves, cont, flips = tree
@@ -73,6 +62,11 @@ def tree_rows(method_dir: Path) -> np.ndarray:
         if tree is not None:
             rows.append(_tree_row(tree, path, "at the end of the file"))
     return np.array(rows, dtype=np.float64).reshape(-1, 5)
+
+
+def root_rows(trees: np.ndarray) -> np.ndarray:
+    """(bare rollouts, bare successes, target) of every root with at least two bare rollouts, from `tree_rows`."""
+    return trees[trees[:, 0] >= 2, :3]
 
 
 def stage2_figures(rows: np.ndarray) -> dict[str, float]:
@@ -110,8 +104,9 @@ def main() -> None:
         f"{'method dir':32s} {'roots':>6s} {'bare/root':>9s} {'success':>7s} {'all fail':>8s} {'all succ':>8s}"
         f" {'bare mixed':>10s} {'tree mixed':>10s}"
     )
+    trees = {d: tree_rows(Path(d)) for d in args.dirs}  # each directory read once, for both tables
     for d in args.dirs:
-        a = root_rows(Path(d))
+        a = root_rows(trees[d])
         if not len(a):
             raise SystemExit(f"root_outcomes: no root records with bare rollouts under {d}")
         k, s, target = a.T
@@ -127,7 +122,7 @@ def main() -> None:
         f" {'ratio':>6s} {'estimate':>8s}"
     )
     for d in args.dirs:
-        f = stage2_figures(tree_rows(Path(d)))
+        f = stage2_figures(trees[d])
         print(
             f"{d:32s} {f['trees']:6.0f} {f['agreeing']:8.3f} {f['cont_agree']:9.2f} {f['flip_agree']:10.3f}"
             f" {f['made_mixed']:10.3f} {f['cont_mixed']:18.2f} {f['flip_mixed']:10.3f} {f['ratio']:6.3f}"

@@ -342,11 +342,10 @@ def allocate_tree_mixing(flip_probs, agree, budget: int, seed: int = 0) -> list[
         for t, j, kt in zip(targets, best, k):
             out[t][j] = kt
         return out
-    sizes = [q.size for q in qs]
-    k = allocate_prefixes(np.concatenate(qs) if qs else np.zeros(0), budget, seed=seed)
-    for t, part in enumerate(np.split(k, np.cumsum(sizes)[:-1]) if qs else []):
-        out[t] = part
-    return out
+    if not qs:
+        return out
+    k = allocate_prefixes(np.concatenate(qs), budget, seed=seed)
+    return np.split(k, np.cumsum([q.size for q in qs])[:-1])
 
 
 def tree_mixing_value(flip_probs, agree, counts) -> float:

@@ -50,6 +50,11 @@ class Method:
         return self.prefix != "none"
 
     @property
+    def pools_stage2(self) -> bool:
+        """Whether stage 2 is one allocation over the step's prompts (`trace_mix`), not one per prompt."""
+        return self.prefix == "mix"
+
+    @property
     def roots_on_value(self) -> bool:
         """Whether TRACE's root allocator (on V~, or on V~ recalibrated: predictor.root_model) picks the roots."""
         return self.root == "active" or self.root.startswith("active_")

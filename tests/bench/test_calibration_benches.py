@@ -106,7 +106,7 @@ def test_the_root_replay_is_the_layer_step_by_step(runs, monkeypatch, capsys):
 
 def test_root_outcomes_counts_the_roots_bare_results(runs, monkeypatch, capsys):
     outcomes = _load("root_outcomes", monkeypatch)
-    rows = outcomes.root_rows(runs[0].parent)
+    rows = outcomes.root_rows(outcomes.tree_rows(runs[0].parent))
     recs = [json.loads(x) for d in runs for x in (d / "predictions.jsonl").read_text().splitlines()]
     roots = [r for r in recs if r["depth"] == 0]
     assert len(rows) == len(roots) and rows[:, 1].sum() == sum(r["bare_successes"] for r in roots)

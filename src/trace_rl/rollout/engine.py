@@ -87,7 +87,7 @@ def check_executor(kind: str, key: str = "executor", methods: Sequence[str] = ()
     a method whose stage 2 is pooled over a step's prompts (`trace_mix`) needs them all in this process."""
     if kind not in EXECUTORS:
         raise ValueError(f"{key} must be one of {', '.join(EXECUTORS)}, got {kind!r}")
-    pooled = [m for m in methods if METHODS.get(m.split(":")[0]) and METHODS[m.split(":")[0]].prefix == "mix"]
+    pooled = [m for m in methods if METHODS.get(m.split(":")[0]) and METHODS[m.split(":")[0]].pools_stage2]
     if kind != "local" and pooled:
         raise ValueError(f"{key}={kind}: {', '.join(pooled)} pools stage 2 over a step's prompts; it needs {key}=local")
 
@@ -186,7 +186,7 @@ class TreeRolloutEngine:
 
         jobs = [PromptJob(i, trees[i], tasks[i], int(mi)) for i, mi in enumerate(m) if mi > 0]
         pool = None
-        if method.prefix == "mix":
+        if method.pools_stage2:
             if not isinstance(self.executor, LocalExecutor):
                 raise ValueError(f"method {method.name} pools stage 2 over a step's prompts; it needs executor=local")
             pool = PooledStage2(

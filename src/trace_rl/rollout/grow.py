@@ -215,8 +215,8 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
             node.predicted, node.flip_predicted = float(val), float(qj)  # what stage 2 allocated on
         if ctx.stage2_pool is not None:
             ctx.clock.add("allocate", time.perf_counter() - t1)
-            bare = [r > 0.5 for r in tree.started_rewards(tree.root_id)]
-            k, out.unspent_prefix_budget = await ctx.stage2_pool.allocate(i, len(set(bare)) == 1, q, budget)
+            # before stage 2 the tree's leaves are its bare rollouts: not mixed means they agree
+            k, out.unspent_prefix_budget = await ctx.stage2_pool.allocate(i, not tree.is_mixed(), q, budget)
             t1 = time.perf_counter()
         else:
             k = allocate_method_prefixes(method, q, budget, derive_rng(ctx.seed, "prefixes", ctx.step, i))

@@ -56,7 +56,7 @@ class TraceSettings:
 
     def __post_init__(self):
         check_method(self.config.method, key=f"{CONFIG_KEY}.method", oracle=False)
-        if self.config.method_spec.prefix == "mix":  # the plugin grows each prompt's tree on its own worker
+        if self.config.method_spec.pools_stage2:  # the plugin grows each prompt's tree on its own worker
             raise ValueError(
                 f"{CONFIG_KEY}.method={self.config.method} pools stage 2 over a step's prompts; the verl plugin grows "
                 "one prompt at a time, so choose a per-prompt method such as trace"
