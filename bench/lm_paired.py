@@ -18,7 +18,8 @@ difference (a sign shared by every warm start is what the protocol asks for).
 With --runs NAME=DIR, the method directory DIR of another compare output (a variant of a method run with
 other settings, so under its own `out`) is read as one more method, NAME, paired with the others by pair name.
 Several OUT directories, or NAME=DIR,DIR,..., pool studies of the same settings run on other seeds (a pair found
-twice for one method is refused).
+twice for one method is refused). --seeds 108-111,115 reads only those seeds, so a study's reading stays the same
+after later seeds join its directory.
 With --plot FILE.png, the accuracy curves against rollouts (the mean over pairs and their min-max band).
 With --drivers, which per-run statistic tracks the accuracy gain across the listed methods: each statistic and the
 gain are centred within each pair (so warm start and seed drop out and only the method's effect is left), then
@@ -54,13 +55,18 @@ from trace_rl.train.compare import (
 
 
 def load(
-    out: Path | list[Path], methods: list[str], tuning: bool, extra: dict[str, Path | list[Path]] | None = None
+    out: Path | list[Path],
+    methods: list[str],
+    tuning: bool,
+    extra: dict[str, Path | list[Path]] | None = None,
+    seeds: set[int] | None = None,
 ) -> dict[str, dict[str, dict]]:
     """{method: {pair: summary with records}} of the finished runs under `out` (one compare output directory, or
     several pooled: studies of the same settings on other seeds); `extra` maps a name to a method directory
     elsewhere, or several pooled (their <pair>/ folders), read as a method of that name (a variant compare wrote to
     its own output directory, e.g. the same method under other settings). A pair a method holds in two of the
-    pooled directories is refused: which run it means would be a guess."""
+    pooled directories is refused: which run it means would be a guess. `seeds`, when given, keeps only runs of
+    those seeds (so a study's reading stays the same after later seeds join its directory)."""
     outs, extra = ([out] if isinstance(out, Path) else list(out)), extra or {}
     found: dict[str, list[tuple[Path, dict]]] = {}
     for where_out in outs:
@@ -80,12 +86,16 @@ def load(
         for where, summary in found.get(spec, []):
             if not tuning and summary["seed"] < FIRST_EVALUATION_SEED:
                 continue
+            if seeds is not None and summary["seed"] not in seeds:
+                continue
             if summary["pair"] in kept:
                 raise SystemExit(f"{spec}: pair {summary['pair']} is in two of the pooled directories (one is {where})")
             kept[summary["pair"]] = summary
         if not kept:
             where = ", ".join(str(o) for o in outs)
-            raise SystemExit(f"{where}: no finished run of {spec!r}" + ("" if tuning else " on evaluation seeds"))
+            which = " on evaluation seeds" if not tuning else ""
+            which += f" of --seeds {sorted(seeds)}" if seeds is not None else ""
+            raise SystemExit(f"{where}: no finished run of {spec!r}{which}")
         by_pair[spec] = kept
     return by_pair
 
@@ -212,6 +222,21 @@ def drivers(runs: dict[str, dict[str, dict]], resamples: int = 2000, seed: int =
     return rows
 
 
+def parse_seeds(text: str) -> set[int]:
+    """The seeds of `--seeds`: comma-separated seeds and inclusive ranges (108-111,115); one line when malformed."""
+    seeds: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise SystemExit(f"--seeds {text!r}: give seeds and ranges, e.g. 108-111,115") from None
+        if last < first:
+            raise SystemExit(f"--seeds {text!r}: the range {part.strip()} runs backwards")
+        seeds.update(range(first, last + 1))
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, nargs="+", help="a trace-rl compare output directory (several: pooled)")
@@ -226,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=DIR",
         help="read the method directory DIR (OUT2/<method>; DIR,DIR,...: pooled) as a method named NAME",
     )
+    parser.add_argument("--seeds", help="read only these seeds: a list of seeds and ranges, e.g. 108-111,115")
     args = parser.parse_args(argv)
+    seeds = parse_seeds(args.seeds) if args.seeds else None
     extra = {}
     for item in args.runs:
         name, sep, where = item.partition("=")
@@ -238,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{out}: not a directory (give a trace-rl compare output directory)")
     pairs = [tuple(m if m in extra else method_of_dir(m) for m in p) for p in args.pair]
     methods = list(dict.fromkeys(m for p in pairs for m in p))
-    runs, dropped = common_pairs(load(args.out, methods, args.tuning, extra))
+    runs, dropped = common_pairs(load(args.out, methods, args.tuning, extra, seeds))
     if dropped:
         print(f"left out (not finished by every method): {', '.join(dropped)}\n")
     print(format_table([method_row(m, runs[m]) for m in methods]))

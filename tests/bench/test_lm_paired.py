@@ -73,6 +73,20 @@ def test_tuning_seeds_only_when_asked(study):
     assert "seed3" in lm_paired.load(study, ["grpo"], tuning=True)["grpo"]
 
 
+def test_seeds_keep_only_those_runs(study, capsys):
+    runs = lm_paired.load(study, ["grpo"], tuning=False, seeds=lm_paired.parse_seeds("100"))
+    assert sorted(runs["grpo"]) == ["seed100", "ws2-seed100"]
+    assert lm_paired.parse_seeds("100-102, 105") == {100, 101, 102, 105}
+    assert lm_paired.main([str(study), "--pair", "trace_adv-grpo", "grpo", "--seeds", "101"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny@0: +0.100" in out and "tiny@2" not in out  # only seed101's pair (warm start 0) is read
+    for bad in ("10x", "111-108", "1,,2"):
+        with pytest.raises(SystemExit, match="--seeds"):
+            lm_paired.parse_seeds(bad)
+    with pytest.raises(SystemExit, match="no finished run of 'grpo' on evaluation seeds of --seeds"):
+        lm_paired.load(study, ["grpo"], tuning=False, seeds={107})
+
+
 def test_main_prints_both_tables_and_plots(study, capsys, tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "acc.png"
