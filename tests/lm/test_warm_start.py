@@ -1,5 +1,6 @@
-"""The warm-start cache: its key (seed, code without docstrings, library versions), one line for an entry that is
-not built, a lock that makes concurrent builders build once, and SFT weights that do not depend on the thread count."""
+"""The warm-start cache: its key (seed, code without docstrings, library versions, numerics), one line for an entry
+that is not built, a lock that makes concurrent builders build once, and the portable build: a fresh process on one
+thread with MKL's and ATen's AVX2 code paths, whose weights do not depend on the parent's thread count."""
 
 import json
 import shutil
@@ -52,6 +53,29 @@ def test_the_key_follows_seed_settings_and_versions(cache, monkeypatch):
     versions = ws.library_versions()
     monkeypatch.setattr(ws, "library_versions", lambda: {**versions, "transformers": "0.0.1"})
     assert ws.entry_dir(0) != a
+    monkeypatch.setattr(ws, "library_versions", lambda: versions)
+    assert ws.entry_dir(0) == a
+    monkeypatch.setattr(ws, "numerics", lambda: "native-arm64")
+    assert ws.entry_dir(0) != a
+
+
+def test_numerics_are_portable_only_on_x86_64_with_avx2(monkeypatch):
+    monkeypatch.setattr(ws.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(ws, "_has_avx2", lambda: True)
+    assert ws.numerics() == ws.PORTABLE
+    monkeypatch.setattr(ws, "_has_avx2", lambda: False)
+    assert ws.numerics() == "native-x86_64"
+    monkeypatch.setattr(ws.platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(ws, "_has_avx2", lambda: True)
+    assert ws.numerics() == "native-arm64"
+
+
+def test_portable_env_is_set_inside_and_restored(monkeypatch):
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    with ws.portable_env():
+        assert all(ws.os.environ[k] == v for k, v in ws.PORTABLE_ENV.items())
+    assert ws.os.environ["MKL_CBWR"] == "COMPATIBLE" and "ATEN_CPU_CAPABILITY" not in ws.os.environ
 
 
 def test_an_entry_is_read_only_with_its_manifest_and_others_are_named_not_reused(cache, monkeypatch):
@@ -66,7 +90,9 @@ def test_an_entry_is_read_only_with_its_manifest_and_others_are_named_not_reused
     assert ws.describe(entry)["sft_success"] == 0.5
     versions = ws.library_versions()
     monkeypatch.setattr(ws, "library_versions", lambda: {**versions, "torch": "9.9"})
-    with pytest.raises(ConfigError, match=f"holds {entry.name}, made by other code or library versions, not reused"):
+    with pytest.raises(
+        ConfigError, match=f"holds {entry.name}, made by other code, library versions or numerics, not reused"
+    ):
         ws.resolve("tiny")
 
 
@@ -83,7 +109,7 @@ def test_concurrent_builders_build_once(cache, monkeypatch):
         (out / ws.MANIFEST).write_text(json.dumps({"key": ws.key_of(manifest), **manifest}))
         return out
 
-    monkeypatch.setattr(sft, "_train_and_save", fake_train_and_save)
+    monkeypatch.setattr(sft, "_build_entry", fake_train_and_save)
     monkeypatch.setattr(sft, "_settings", lambda cfg: None)  # the defaults, without their 1,500 steps
     cfg = sft.SFTConfig.__new__(sft.SFTConfig)  # no __post_init__: no model check
     cfg.out, cfg.seed, cfg.policy = "", 0, type("P", (), {"model": "tiny"})()
@@ -98,21 +124,27 @@ def test_concurrent_builders_build_once(cache, monkeypatch):
     assert not list(cache.glob("tiny-sft/.*tmp*"))  # built aside, renamed into place
 
 
-def test_sft_weights_do_not_depend_on_the_thread_count():
+@pytest.mark.skipif(ws.numerics() != ws.PORTABLE, reason="portable numerics need x86-64 with AVX2")
+def test_the_portable_build_pins_its_process_and_its_weights_do_not_follow_the_parents_threads(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from trace_rl.envs.calculator import make_tasks
-    from trace_rl.lm.models import create_tiny_model
-    from trace_rl.train.sft import SFTParams, train_sft
+    pytest.importorskip("omegaconf")
+    from trace_rl.train import sft
 
-    threads, weights = torch.get_num_threads(), []
+    threads, digests, env = torch.get_num_threads(), [], {k: ws.os.environ.get(k) for k in ws.PORTABLE_ENV}
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            model, tok = create_tiny_model(seed=1)
-            params = SFTParams(batch_size=4, warmup_steps=1)
-            train_sft(model, tok, make_tasks(32, seed=5), max_steps=4, params=params, seed=1, log_every=0)
-            weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+            monkeypatch.setenv("TRACE_RL_CACHE", str(tmp_path / f"cache{n}"))
+            cfg = sft.SFTConfig(
+                seed=1, steps=3, sft=sft.SFTParams(batch_size=4, warmup_steps=1, tasks=16, eval_tasks=4)
+            )
+            entry = sft.run_sft(cfg)
+            manifest = ws.read_manifest(entry)
+            assert manifest["numerics"] == ws.PORTABLE and manifest["threads"] == 1
+            assert manifest["processor"]["torch_cpu"] == "AVX2"  # the worker ran ATen's AVX2 kernels
+            digests.append(manifest["weights_digest"])
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(weights[0], weights[1])
+    assert digests[0] == digests[1] and torch.get_num_threads() == threads
+    assert {k: ws.os.environ.get(k) for k in ws.PORTABLE_ENV} == env  # the pins stayed in the worker

@@ -1,22 +1,30 @@
 """The cached warm starts of the tiny CPU policy: `tiny` (= `tiny@0`) and `tiny@N`, the model `trace-rl sft seed=N`
 trains with its default settings.
 
-A warm start is a function of its seed, the code that builds it and the library versions that run it. The cache
-is keyed by all three, so a warm start made by other code or other versions is never reused in silence: it sits
-under another key and the current one is built (by `train`, which builds what it needs) or asked for in one line
-(by the commands that only read a model). What makes the key:
+A warm start is a function of its seed, the code that builds it, the library versions that run it and the numerics
+they run with. The cache is keyed by all four, so a warm start made by other code or other versions is never
+reused in silence: it sits under another key and the current one is built (by `train`, which builds what it
+needs) or asked for in one line (by the commands that only read a model). What makes the key:
 
 - the seed;
 - a digest of the code that decides the warm start (SFT's training and demonstrations, the calculator task, the
   tiny model and its tokenizer, the chat format, the seed streams; `SOURCES`), taken over the syntax trees without
   docstrings, so an edit to a comment, a docstring or the command's plumbing does not rebuild it while any change
   to that code or a default does;
-- the versions of python, torch, transformers, tokenizers, safetensors and numpy.
+- the versions of python, torch, transformers, tokenizers, safetensors and numpy;
+- the numerics it is built with (`numerics()`).
 
-Not in the key, because it does not change the model: the torch thread count (measured: 1 and 2 threads give the
-same weights, bit for bit) and the processor. The manifest (`warm_start.json`) records both, with a digest of the
-weights and the SFT report's figures, so a run can name the start it trained from. A processor with other vector
-instructions may sum in another order and give other weights from the same key; the weights digest shows it.
+Left to themselves, torch's kernels follow the machine: MKL picks its matrix-product code by processor, ATen its
+vector kernels by the processor's widest instructions, and ATen's parallel reductions split the work by thread
+count, so one seed trains other weights on another processor or thread count (measured on one machine: 1 and 2
+threads differ after 150 steps; two x86-64 machines, both AVX-512, gave different digests from one key). So on an
+x86-64 processor with AVX2 the warm start is built in a fresh process that pins both code paths to AVX2
+(`MKL_CBWR=AVX2`, `ATEN_CPU_CAPABILITY=avx2`) and runs on one thread: every such processor then executes the same
+instructions in the same order (MKL's conditional numerical reproducibility mode; checked here on one processor,
+Intel, not yet on AMD). It costs about 2.5x the native build's time, once. Elsewhere (ARM, no AVX2, no
+/proc/cpuinfo) the build is native and its key says so. The manifest (`warm_start.json`) records the thread count
+and the processor with a digest of the weights and the SFT report's figures, so a run can name the start it
+trained from.
 
 Two processes never build one warm start at once: the builder holds a lock file beside the entry, builds into a
 temporary folder and renames it into place; a second process waits on the lock and then reads the finished entry.
@@ -52,6 +60,9 @@ SOURCES: dict[str, tuple[str, ...] | None] = {
     "seeding.py": None,
 }
 LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
+PORTABLE = "x86-64-avx2-1thread"
+# read by MKL and ATen when torch loads, so set before a fresh process starts (portable_env)
+PORTABLE_ENV = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _NAME = re.compile(r"^tiny(?:@(\d+))?$")
 
 
@@ -102,10 +113,46 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+def _has_avx2() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith("flags") and " avx2" in line for line in flags.splitlines())
+
+
+def numerics() -> str:
+    """The code paths this machine builds a warm start with: PORTABLE (x86-64 with AVX2: pinned, one thread), else
+    `native-<machine>` (the kernels this processor picks; its weights may differ on another one)."""
+    machine = platform.machine().lower()
+    return PORTABLE if machine in ("x86_64", "amd64") and _has_avx2() else f"native-{machine}"
+
+
+@contextlib.contextmanager
+def portable_env() -> Iterator[None]:
+    """PORTABLE_ENV set in this process's environment (for a process started inside), then restored."""
+    saved = {k: os.environ.get(k) for k in PORTABLE_ENV}
+    os.environ.update(PORTABLE_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def basis(seed: int, settings: dict | None = None) -> dict:
     """What a warm start is a function of. `settings`: non-default SFT settings (None: the defaults, which the
     code digest covers)."""
-    return {"seed": seed, "settings": settings or "defaults", "code": code_digest(), "versions": library_versions()}
+    return {
+        "seed": seed,
+        "settings": settings or "defaults",
+        "code": code_digest(),
+        "versions": library_versions(),
+        "numerics": numerics(),
+    }
 
 
 def key_of(b: dict) -> str:
@@ -173,7 +220,8 @@ def resolve(name: str) -> Path:
     if read_manifest(entry):
         return entry
     others = sorted(p.name for p in cache_root().glob(f"seed{seed}-*") if read_manifest(p))
-    why = f"; the cache holds {', '.join(others)}, made by other code or library versions, not reused" if others else ""
+    held = ", ".join(others)
+    why = f"; the cache holds {held}, made by other code, library versions or numerics, not reused" if others else ""
     raise ConfigError(
         f"model: the warm start {name} for this code and these library versions is not built ({entry}){why}; "
         f"run `trace-rl sft seed={seed}` (train builds it itself)"

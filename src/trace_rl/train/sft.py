@@ -138,7 +138,7 @@ class SFTConfig:
     """`trace-rl sft`: warm-start a policy on the built-in task's scripted demonstrations and cache it."""
 
     out: str = ""  # where to save (default: the cache entry where model=tiny@SEED finds it; tiny is tiny@0)
-    seed: int = 0  # one seed gives one model on the same library versions, whatever the torch thread count
+    seed: int = 0  # one seed gives one model on the same library versions (any x86-64 with AVX2: lm/warm_start.py)
     steps: int = 1500  # optimizer steps (about 5 minutes for the tiny model on 2 cores)
     sft: SFTParams = field(default_factory=SFTParams)
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)  # model: 'tiny' trains a fresh tiny model
@@ -187,7 +187,7 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
             return entry
         tmp = entry.with_name(f".{entry.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        made = _train_and_save(cfg, tmp, yaml_text, manifest=warm_start.basis(cfg.seed, settings))
+        made = _build_entry(cfg, tmp, yaml_text, warm_start.basis(cfg.seed, settings))
         if made != tmp:  # cut short by the wall-clock cap: kept beside the cache, never as the entry
             partial = entry.with_name(entry.name + "-partial")
             shutil.rmtree(partial, ignore_errors=True)
@@ -198,6 +198,35 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
         tmp.rename(entry)
     print(f"warm start {entry.name}: {entry}")
     return entry
+
+
+def _build_entry(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict) -> Path:
+    """Train a cache entry with the numerics its key names: portable ones in a fresh process started with
+    `warm_start.PORTABLE_ENV` (MKL and ATen read it when torch loads, so this process, torch loaded, cannot switch),
+    native ones here."""
+    import multiprocessing
+
+    from ..lm import warm_start
+
+    if manifest["numerics"] != warm_start.PORTABLE:
+        return _train_and_save(cfg, out, yaml_text, manifest)
+    print(f"building with portable numerics ({warm_start.PORTABLE}: the same weights on any x86-64 with AVX2)")
+    with warm_start.portable_env():  # the worker process starts now, inside, and keeps this environment
+        pool = multiprocessing.get_context("spawn").Pool(1)
+    with pool:
+        return pool.apply(_train_portable, (cfg, out, yaml_text, manifest))
+
+
+def _train_portable(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict) -> Path:
+    """`_train_and_save` in the worker `_build_entry` starts, after checking that the pins took."""
+    import torch
+
+    torch.set_num_threads(1)
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        raise RuntimeError(
+            f"portable numerics asked for ATen's AVX2 kernels, torch runs {torch.backends.cpu.get_cpu_capability()}"
+        )
+    return _train_and_save(cfg, out, yaml_text, manifest)
 
 
 def _train_and_save(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict | None = None) -> Path:
