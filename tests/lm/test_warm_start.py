@@ -87,7 +87,7 @@ def test_an_entry_is_read_only_with_its_manifest_and_others_are_named_not_reused
         ws.resolve("tiny")
     (entry / ws.MANIFEST).write_text(json.dumps({"key": "k", "report": {"overall": 0.5}, "weights_digest": "w"}))
     assert ws.resolve("tiny") == entry and ws.resolve("tiny@0") == entry
-    assert ws.describe(entry)["sft_success"] == 0.5
+    assert ws.describe(entry)["sft_success"] == 0.5 and ws.describe(entry)["numerics"] is None  # an older entry
     versions = ws.library_versions()
     monkeypatch.setattr(ws, "library_versions", lambda: {**versions, "torch": "9.9"})
     with pytest.raises(

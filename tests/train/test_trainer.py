@@ -273,3 +273,13 @@ def test_compare_with_two_workers_trains_the_runs_one_at_a_time_would(tmp_path, 
         for a, b in zip(serial[method], parallel[method], strict=True):
             assert [untimed(r) for r in a["records"]] == [untimed(r) for r in b["records"]]
     assert main(["compare", f"out={tmp_path / 'x'}", "workers=0"]) == 2  # one line, not a traceback
+
+
+def test_a_runs_config_comment_names_its_warm_starts_numerics():
+    from trace_rl.train.trainer import start_comment
+
+    start = {"path": "p", "key": "k", "weights_digest": "w", "sft_success": 0.5, "versions": {"torch": "2"}}
+    assert "numerics" not in start_comment(start)  # an entry built before the numerics were keyed
+    assert (
+        start_comment({**start, "numerics": "x86-64-avx2-1thread"}).rstrip().endswith(", numerics x86-64-avx2-1thread")
+    )

@@ -229,7 +229,8 @@ def resolve(name: str) -> Path:
 
 
 def describe(path: Path) -> dict:
-    """What a run records of its start: the entry, its key, the weights digest and the SFT report's figure."""
+    """What a run records of its start: the entry, its key, the weights digest, the SFT report's figure, the
+    library versions and the numerics it was built with (None for an entry built before they were keyed)."""
     m = read_manifest(path) or {}
     return {
         "path": str(path),
@@ -237,4 +238,5 @@ def describe(path: Path) -> dict:
         "weights_digest": m.get("weights_digest"),
         "sft_success": (m.get("report") or {}).get("overall"),
         "versions": m.get("versions"),
+        "numerics": m.get("numerics"),
     }

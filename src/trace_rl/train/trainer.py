@@ -158,6 +158,7 @@ def start_comment(start: dict) -> str:
         lines.append(
             f"#   key {start['key']}, weights digest {start['weights_digest']}, "
             f"SFT report success {start['sft_success']:.3f}, versions {json.dumps(start['versions'], sort_keys=True)}"
+            + (f", numerics {start['numerics']}" if start.get("numerics") else "")
         )
     return "\n".join(lines) + "\n"
 
