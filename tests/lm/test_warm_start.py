@@ -59,23 +59,36 @@ def test_the_key_follows_seed_settings_and_versions(cache, monkeypatch):
     assert ws.entry_dir(0) != a
 
 
-def test_numerics_are_portable_only_on_x86_64_with_avx2(monkeypatch):
+def test_numerics_are_portable_only_on_intel_x86_64_with_avx2_and_fma(monkeypatch):
     monkeypatch.setattr(ws.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(ws, "_has_avx2", lambda: True)
-    assert ws.numerics() == ws.PORTABLE
-    monkeypatch.setattr(ws, "_has_avx2", lambda: False)
-    assert ws.numerics() == "native-x86_64"
+    cpus = {
+        ("GenuineIntel", frozenset({"avx2", "fma", "sse2"})): ws.PORTABLE,
+        ("GenuineIntel", frozenset({"avx2"})): "native-x86_64",  # ATen's AVX2 kernels use FMA
+        ("AuthenticAMD", frozenset({"avx2", "fma"})): "native-x86_64",  # MKL's pinned path is documented for Intel
+        ("", frozenset()): "native-x86_64",  # no /proc/cpuinfo
+    }
+    for (vendor, flags), want in cpus.items():
+        monkeypatch.setattr(ws, "cpu_info", lambda v=vendor, f=flags: (v, "model", set(f)))
+        assert ws.numerics() == want
     monkeypatch.setattr(ws.platform, "machine", lambda: "arm64")
-    monkeypatch.setattr(ws, "_has_avx2", lambda: True)
+    monkeypatch.setattr(ws, "cpu_info", lambda: ("GenuineIntel", "m", {"avx2", "fma"}))
     assert ws.numerics() == "native-arm64"
+    assert all(f"{k}={v}" in ws.PORTABLE for k, v in ws.PORTABLE_ENV.items())  # a change of pins changes the key
 
 
-def test_portable_env_is_set_inside_and_restored(monkeypatch):
-    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    with ws.portable_env():
-        assert all(ws.os.environ[k] == v for k, v in ws.PORTABLE_ENV.items())
-    assert ws.os.environ["MKL_CBWR"] == "COMPATIBLE" and "ATEN_CPU_CAPABILITY" not in ws.os.environ
+def test_cpu_info_reads_this_machine():
+    vendor, model, flags = ws.cpu_info()
+    if ws.Path("/proc/cpuinfo").is_file() and ws.platform.machine() == "x86_64":
+        assert vendor and "sse2" in flags
+
+
+def test_run_portable_returns_raises_and_names_a_death():
+    assert ws.run_portable("os:getenv", "MKL_CBWR") == "AVX2"  # the worker's environment carries the pins
+    assert ws.run_portable("os:getenv", "ATEN_CPU_CAPABILITY") == "avx2"
+    with pytest.raises(ValueError, match="invalid literal"):  # an exception in the worker is raised here
+        ws.run_portable("builtins:int", "x")
+    with pytest.raises(RuntimeError, match="ended with exit code 137 and no result"):  # a death is an error, no wait
+        ws.run_portable("os:_exit", 137)
 
 
 def test_an_entry_is_read_only_with_its_manifest_and_others_are_named_not_reused(cache, monkeypatch):
@@ -124,8 +137,22 @@ def test_concurrent_builders_build_once(cache, monkeypatch):
     assert not list(cache.glob("tiny-sft/.*tmp*"))  # built aside, renamed into place
 
 
-@pytest.mark.skipif(ws.numerics() != ws.PORTABLE, reason="portable numerics need x86-64 with AVX2")
-def test_the_portable_build_pins_its_process_and_its_weights_do_not_follow_the_parents_threads(tmp_path, monkeypatch):
+# a short portable build (seed 1, 3 steps) where these library versions built it: another Intel machine with AVX2
+# that runs this test checks that the pins give the same weights there
+STORED_BUILD = {
+    "versions": {
+        "torch": "2.13.0+cpu",
+        "transformers": "5.25.0",
+        "tokenizers": "0.23.3",
+        "safetensors": "0.8.0",
+        "numpy": "2.4.6",
+    },
+    "weights_digest": "3c1f052f4582d559",
+}
+
+
+@pytest.mark.skipif(ws.numerics() != ws.PORTABLE, reason="portable numerics need Intel x86-64 with AVX2")
+def test_the_portable_build_pins_its_process_and_its_weights_are_the_stored_ones(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("omegaconf")
@@ -139,8 +166,7 @@ def test_the_portable_build_pins_its_process_and_its_weights_do_not_follow_the_p
             cfg = sft.SFTConfig(
                 seed=1, steps=3, sft=sft.SFTParams(batch_size=4, warmup_steps=1, tasks=16, eval_tasks=4)
             )
-            entry = sft.run_sft(cfg)
-            manifest = ws.read_manifest(entry)
+            manifest = ws.read_manifest(sft.run_sft(cfg))
             assert manifest["numerics"] == ws.PORTABLE and manifest["threads"] == 1
             assert manifest["processor"]["torch_cpu"] == "AVX2"  # the worker ran ATen's AVX2 kernels
             digests.append(manifest["weights_digest"])
@@ -148,3 +174,6 @@ def test_the_portable_build_pins_its_process_and_its_weights_do_not_follow_the_p
         torch.set_num_threads(threads)
     assert digests[0] == digests[1] and torch.get_num_threads() == threads
     assert {k: ws.os.environ.get(k) for k in ws.PORTABLE_ENV} == env  # the pins stayed in the worker
+    versions = ws.library_versions()
+    if all(versions.get(k) == v for k, v in STORED_BUILD["versions"].items()):
+        assert digests[0] == STORED_BUILD["weights_digest"]

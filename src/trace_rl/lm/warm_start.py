@@ -16,15 +16,16 @@ needs) or asked for in one line (by the commands that only read a model). What m
 
 Left to themselves, torch's kernels follow the machine: MKL picks its matrix-product code by processor, ATen its
 vector kernels by the processor's widest instructions, and ATen's parallel reductions split the work by thread
-count, so one seed trains other weights on another processor or thread count (measured on one machine: 1 and 2
-threads differ after 150 steps; two x86-64 machines, both AVX-512, gave different digests from one key). So on an
-x86-64 processor with AVX2 the warm start is built in a fresh process that pins both code paths to AVX2
-(`MKL_CBWR=AVX2`, `ATEN_CPU_CAPABILITY=avx2`) and runs on one thread: every such processor then executes the same
-instructions in the same order (MKL's conditional numerical reproducibility mode; checked here on one processor,
-Intel, not yet on AMD). It costs about 2.5x the native build's time, once. Elsewhere (ARM, no AVX2, no
-/proc/cpuinfo) the build is native and its key says so. The manifest (`warm_start.json`) records the thread count
-and the processor with a digest of the weights and the SFT report's figures, so a run can name the start it
-trained from.
+count, so one seed trains other weights on another processor or thread count (measured: 1 and 2 threads differ
+after 150 steps on one machine; two x86-64 machines, both AVX-512, built different weights from one key). So on an
+Intel x86-64 processor with AVX2 the warm start is trained in a fresh process (`run_portable`) pinned to MKL's
+AVX2 reproducibility mode (`MKL_CBWR=AVX2`, which MKL documents as giving the same results on Intel processors
+that have AVX2), ATen's AVX2 kernels (`ATEN_CPU_CAPABILITY=avx2`) and one thread; the process checks that the pins
+took. Measured on one processor only; a second is the check still to make (a stored digest in the tests makes any
+other machine that runs them one). It costs about 2x the native build's time, once. Elsewhere (AMD, ARM, no AVX2,
+no /proc/cpuinfo) the build is native and its key says so. The manifest (`warm_start.json`) records the thread
+count and the processor (vendor, model, libc) with a digest of the weights and the SFT report's figures, so a run
+can name the start it trained from.
 
 Two processes never build one warm start at once: the builder holds a lock file beside the entry, builds into a
 temporary folder and renames it into place; a second process waits on the lock and then reads the finished entry.
@@ -38,8 +39,12 @@ import fcntl
 import hashlib
 import json
 import os
+import pickle
 import platform
 import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -51,7 +56,7 @@ MANIFEST = "warm_start.json"
 # the code, relative to the package root, that decides what `trace-rl sft` trains: whole modules, or the named
 # top-level definitions of a module whose other parts (the command's plumbing, hub access) do not touch the weights
 SOURCES: dict[str, tuple[str, ...] | None] = {
-    "train/sft.py": ("demo_sequence", "SFTParams", "train_sft", "_train_and_save"),
+    "train/sft.py": ("demo_sequence", "SFTParams", "train_sft", "_train_and_save", "_train_portable"),
     "envs/calculator.py": None,
     "envs/base.py": None,
     "lm/models.py": ("tiny_llama_config", "create_tiny_model"),
@@ -60,9 +65,17 @@ SOURCES: dict[str, tuple[str, ...] | None] = {
     "seeding.py": None,
 }
 LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
-PORTABLE = "x86-64-avx2-1thread"
-# read by MKL and ATen when torch loads, so set before a fresh process starts (portable_env)
-PORTABLE_ENV = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# read by MKL, ATen and oneDNN when torch loads, so set when a fresh process starts (run_portable); oneDNN is not
+# used for fp32 linear layers at the default precision, pinned all the same
+PORTABLE_ENV = {
+    "MKL_CBWR": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+# the pins are part of the name, so a change to them is a change of key
+PORTABLE = "x86-64-intel:" + ",".join(f"{k}={v}" for k, v in sorted(PORTABLE_ENV.items()))
 _NAME = re.compile(r"^tiny(?:@(\d+))?$")
 
 
@@ -113,34 +126,60 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-def _has_avx2() -> bool:
+def cpu_info() -> tuple[str, str, set[str]]:
+    """(vendor, model name, flags) of the first processor in /proc/cpuinfo; empty where there is none."""
     try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return False
-    return any(line.startswith("flags") and " avx2" in line for line in flags.splitlines())
+        return "", "", set()
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields.get("vendor_id", ""), fields.get("model name", ""), set(fields.get("flags", "").split())
 
 
 def numerics() -> str:
-    """The code paths this machine builds a warm start with: PORTABLE (x86-64 with AVX2: pinned, one thread), else
+    """The code paths this machine builds a warm start with: PORTABLE on an Intel x86-64 processor with AVX2 and FMA
+    (MKL documents its AVX2 reproducibility mode for Intel processors; others take its automatic path), else
     `native-<machine>` (the kernels this processor picks; its weights may differ on another one)."""
     machine = platform.machine().lower()
-    return PORTABLE if machine in ("x86_64", "amd64") and _has_avx2() else f"native-{machine}"
+    vendor, _, flags = cpu_info()
+    intel_avx2 = machine in ("x86_64", "amd64") and vendor == "GenuineIntel" and {"avx2", "fma"} <= flags
+    return PORTABLE if intel_avx2 else f"native-{machine}"
 
 
-@contextlib.contextmanager
-def portable_env() -> Iterator[None]:
-    """PORTABLE_ENV set in this process's environment (for a process started inside), then restored."""
-    saved = {k: os.environ.get(k) for k in PORTABLE_ENV}
-    os.environ.update(PORTABLE_ENV)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+_WORKER = """
+import importlib, pickle, sys
+target, args = pickle.loads(open(sys.argv[1], "rb").read())
+module, _, name = target.partition(":")
+try:
+    out = (True, getattr(importlib.import_module(module), name)(*args))
+except BaseException as err:
+    out = (False, err)
+with open(sys.argv[2], "wb") as f:
+    pickle.dump(out, f)
+"""
+
+
+def run_portable(target: str, *args: object) -> object:
+    """`module:function`(*args) in a fresh python process started with PORTABLE_ENV (MKL and ATen read it when torch
+    loads, so a process that has loaded torch cannot switch), and its result. Arguments and the result, or the
+    exception, travel by pickle through a temporary folder. A process that dies without a result (killed, out of
+    memory, an illegal instruction) is an error naming its exit code, never a wait."""
+    with tempfile.TemporaryDirectory(prefix="trace-rl-portable-") as tmp:
+        call, result = Path(tmp) / "call.pkl", Path(tmp) / "result.pkl"
+        call.write_bytes(pickle.dumps((target, args)))
+        env = {**os.environ, **PORTABLE_ENV}
+        code = subprocess.run([sys.executable, "-c", _WORKER, str(call), str(result)], env=env, check=False).returncode
+        if not result.is_file():
+            raise RuntimeError(
+                f"the process running {target} with portable numerics ended with exit code {code} and no result"
+            )
+        ok, value = pickle.loads(result.read_bytes())
+    if not ok:
+        raise value
+    return value
 
 
 def basis(seed: int, settings: dict | None = None) -> dict:

@@ -138,7 +138,7 @@ class SFTConfig:
     """`trace-rl sft`: warm-start a policy on the built-in task's scripted demonstrations and cache it."""
 
     out: str = ""  # where to save (default: the cache entry where model=tiny@SEED finds it; tiny is tiny@0)
-    seed: int = 0  # one seed gives one model on the same library versions (any x86-64 with AVX2: lm/warm_start.py)
+    seed: int = 0  # one seed, one model per library versions and numerics (lm/warm_start.py)
     steps: int = 1500  # optimizer steps (about 5 minutes for the tiny model on 2 cores)
     sft: SFTParams = field(default_factory=SFTParams)
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)  # model: 'tiny' trains a fresh tiny model
@@ -201,30 +201,31 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
 
 
 def _build_entry(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict) -> Path:
-    """Train a cache entry with the numerics its key names: portable ones in a fresh process started with
-    `warm_start.PORTABLE_ENV` (MKL and ATen read it when torch loads, so this process, torch loaded, cannot switch),
-    native ones here."""
-    import multiprocessing
-
+    """Train a cache entry with the numerics its key names: portable ones in a fresh process
+    (`warm_start.run_portable`), native ones here."""
     from ..lm import warm_start
 
     if manifest["numerics"] != warm_start.PORTABLE:
         return _train_and_save(cfg, out, yaml_text, manifest)
-    print(f"building with portable numerics ({warm_start.PORTABLE}: the same weights on any x86-64 with AVX2)")
-    with warm_start.portable_env():  # the worker process starts now, inside, and keeps this environment
-        pool = multiprocessing.get_context("spawn").Pool(1)
-    with pool:
-        return pool.apply(_train_portable, (cfg, out, yaml_text, manifest))
+    print("building with portable numerics (one thread, MKL's and ATen's AVX2 code paths: lm/warm_start.py)")
+    return warm_start.run_portable("trace_rl.train.sft:_train_portable", cfg, out, yaml_text, manifest)
 
 
 def _train_portable(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict) -> Path:
-    """`_train_and_save` in the worker `_build_entry` starts, after checking that the pins took."""
+    """`_train_and_save` in the process `_build_entry` starts, on one thread, after checking that the pins took."""
+    import os
+
     import torch
 
+    from ..lm import warm_start
+
     torch.set_num_threads(1)
-    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+    pins = {k: os.environ.get(k) for k in warm_start.PORTABLE_ENV}
+    took = torch.backends.cpu.get_cpu_capability() == "AVX2" and torch.backends.mkl.is_available()
+    if pins != warm_start.PORTABLE_ENV or not took:
         raise RuntimeError(
-            f"portable numerics asked for ATen's AVX2 kernels, torch runs {torch.backends.cpu.get_cpu_capability()}"
+            f"portable numerics did not take: environment {pins}, ATen {torch.backends.cpu.get_cpu_capability()}, "
+            f"MKL {'present' if torch.backends.mkl.is_available() else 'absent'}"
         )
     return _train_and_save(cfg, out, yaml_text, manifest)
 
@@ -297,7 +298,13 @@ def _train_and_save(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict | 
             "report": report,
             "train": stats,
             "threads": torch.get_num_threads(),
-            "processor": {"machine": platform.machine(), "torch_cpu": torch.backends.cpu.get_cpu_capability()},
+            "processor": {
+                "machine": platform.machine(),
+                "torch_cpu": torch.backends.cpu.get_cpu_capability(),
+                "vendor": warm_start.cpu_info()[0],
+                "model": warm_start.cpu_info()[1],
+                "libc": "-".join(platform.libc_ver()),
+            },
         }
         (out / warm_start.MANIFEST).write_text(json.dumps(record, indent=2))
         print(f"weights digest {record['weights_digest']}, key {record['key']}")
