@@ -301,8 +301,7 @@ def _train_and_save(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict | 
             "processor": {
                 "machine": platform.machine(),
                 "torch_cpu": torch.backends.cpu.get_cpu_capability(),
-                "vendor": warm_start.cpu_info()[0],
-                "model": warm_start.cpu_info()[1],
+                **dict(zip(("vendor", "model"), warm_start.cpu_info()[:2])),
                 "libc": "-".join(platform.libc_ver()),
             },
         }
