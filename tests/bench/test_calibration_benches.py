@@ -166,3 +166,27 @@ def test_stage2_split_and_estimate_by_hand(tmp_path, monkeypatch, capsys):
     (run / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
     with pytest.raises(SystemExit, match="not one tree after another"):
         outcomes.tree_rows(run.parent)
+
+
+def test_plot_flip_calibration_reads_the_chosen_prefixes_flips_by_depth(runs, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    plot = _load("plot_flip_calibration", monkeypatch)
+    compare_dir = runs[0].parent.parent  # <dir>/trace/seed1k: a compare directory's layout
+    rows = plot.flips_by_depth(str(compare_dir), "trace")
+    anchors = [
+        json.loads(line)
+        for d in runs
+        for line in (d / "predictions.jsonl").read_text().splitlines()
+        if json.loads(line)["depth"] > 0
+    ]
+    for name, row in rows.items():  # the realised share by hand: flips over continuations at that depth
+        at = [a for a in anchors if (str(a["depth"]) if a["depth"] < 4 else "4+") == name]
+        assert row["continuations"] == sum(a["continuations"] for a in at)
+        assert row["real"] == pytest.approx(sum(a["flips"] for a in at) / sum(a["continuations"] for a in at))
+        assert row["real_lo"] <= row["real"] <= row["real_hi"]
+    assert set(rows) == {str(d) if d < 4 else "4+" for d in (a["depth"] for a in anchors)}
+    out = tmp_path / "flip.png"
+    plot.main([f"before={compare_dir}", f"after={compare_dir}", "--out", str(out)])
+    assert out.stat().st_size > 0 and "wrote" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no records of method 'pcl'"):
+        plot.flips_by_depth(str(compare_dir), "pcl")
