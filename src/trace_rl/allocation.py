@@ -17,6 +17,11 @@ taking the `budget` largest marginals q(1-q)^k is exact. We find their threshold
 with fewer continuations first, then in a seeded order. A marginal below the smallest positive double counts
 as zero (it has underflowed), and budget left once every gain is zero spreads evenly the same way, so runs
 reproduce.
+
+Prefix problem under a cost budget (`allocate_prefixes_under_cost`): the same objective with sum c_j K_j <= budget,
+where c_j is what a continuation from anchor j costs (the tokens or turns left of its rollout). Unequal costs make
+it a knapsack, so the largest marginals are no longer exact; a dynamic programme over the budget is (integer
+costs; the caller quantises tokens, `quantise_costs`).
 """
 
 from __future__ import annotations
@@ -355,3 +360,56 @@ def tree_mixing_value(flip_probs, agree, counts) -> float:
         if a and len(q):
             total += 1.0 - float(np.prod((1.0 - np.asarray(q, dtype=np.float64)) ** np.asarray(k)))
     return total
+
+
+COST_UNITS = 512  # budget units of the cost-budget stage 2: its dynamic programme is O(anchors * units^2 / min cost)
+
+
+def quantise_costs(cost, budget: int, units: int = COST_UNITS) -> tuple[np.ndarray, int]:
+    """Costs and budget in units of ceil(budget / units): costs round up and the budget down, so an allocation
+    within the quantised budget stays within the real one. Returns (costs in units, at least 1; budget in units)."""
+    c = np.asarray(cost, dtype=np.int64)
+    budget = check_budget("budget", budget)
+    if c.size and c.min() < 1:
+        raise ValueError(f"cost must hold positive integers; found {c[c < 1][:3].tolist()}")
+    unit = max(1, -(-budget // units))
+    return -(-c // unit), budget // unit
+
+
+def allocate_prefixes_under_cost(flip_prob, cost, budget: int, seed: int = 0) -> np.ndarray:
+    """Exact optimum of stage 2 under a cost budget: K_j >= 0, sum c_j K_j <= budget, max sum 1 - (1 - q_j)^K_j.
+
+    f_j(b), the best value of anchors 1..j within b, is max over K <= b / c_j of f_(j-1)(b - K c_j) + g_j(K): time
+    O(n * budget^2 / min c), memory n * budget (so callers quantise, `quantise_costs`). Anchors are taken in a
+    seeded order and a unit is added only where it raises the value, so ties go to anchors earlier in that order
+    and a unit of zero gain (q = 0, or a gain below a double's resolution) is not spent: budget the objective
+    cannot use stays unspent. With no anchors, or nothing affordable, all-zero is returned.
+    """
+    q = check_probabilities("flip_prob", flip_prob)
+    c = np.asarray(cost)
+    if c.shape != q.shape or (c.size and (not np.issubdtype(c.dtype, np.integer) or c.min() < 1)):
+        raise ValueError(f"cost must hold one positive integer per anchor ({q.size}), got {np.asarray(cost)!r}")
+    budget = check_budget("budget", budget)
+    seed = check_seed(seed)
+    k = np.zeros(q.size, dtype=np.int64)
+    if q.size == 0 or budget == 0:
+        return k
+    order = np.random.default_rng(seed).permutation(q.size)
+    best = np.zeros(budget + 1)  # f over budgets 0..budget (at most b spent)
+    choice = np.zeros((q.size, budget + 1), dtype=np.int64)
+    for step, j in enumerate(order):
+        cj = int(c[j])
+        prev, new = best, best.copy()
+        for units in range(1, budget // cj + 1):
+            gain = 1.0 - (1.0 - q[j]) ** units
+            cand = prev[: budget + 1 - units * cj] + gain
+            better = cand > new[units * cj :]
+            new[units * cj :][better] = cand[better]
+            choice[step, units * cj :][better] = units
+        best = new
+    b = budget
+    for step in range(q.size - 1, -1, -1):
+        j = order[step]
+        k[j] = choice[step, b]
+        b -= k[j] * int(c[j])
+    return k

@@ -14,9 +14,11 @@ upstream, may still give some of those 0 rollouts (its rounding drops allocation
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from .allocation import allocate_prefixes, allocate_roots
+from .allocation import allocate_prefixes, allocate_prefixes_under_cost, allocate_roots, quantise_costs
 from .knapsack import allocate_knapsack_rl, allocate_knapsack_rl_repaired
 from .root_objectives import TEACH_ALPHA, allocate_roots_teach
 from .trace_config import METHODS, BudgetPlan, Method, get_method
@@ -34,7 +36,7 @@ ROOT_STRATEGIES = (
     "active",
     *(f"active_{o}" for o in TEACH_ALPHA),
 )
-PREFIX_STRATEGIES = ("none", "random", "active", "mix")
+PREFIX_STRATEGIES = ("none", "random", "active", "cost", "mix")
 
 
 def uniform_split(prompts: int, budget: int) -> np.ndarray:
@@ -75,9 +77,18 @@ def allocate_method_roots(method: Method, v: np.ndarray, plan: BudgetPlan, seed:
 
 
 def allocate_method_prefixes(
-    method: Method, flip_prob: np.ndarray, budget: int, rng: np.random.Generator
+    method: Method,
+    flip_prob: np.ndarray,
+    budget: int,
+    rng: np.random.Generator,
+    cost: Sequence[int] | None = None,
+    rollout_cost: float | None = None,
 ) -> np.ndarray:
-    """Continuations per anchor of one prompt: exact TRACE optimum or uniformly random branch points."""
+    """Continuations per anchor of one prompt: exact TRACE optimum or uniformly random branch points.
+
+    `budget` counts rollouts. Under a cost budget (prefix strategy `cost`) it buys what `budget` whole rollouts
+    would cost, `budget * rollout_cost`, spent at each anchor's own price `cost` (`RolloutTree.anchor_costs`).
+    """
     flip_prob = np.asarray(flip_prob, dtype=np.float64)
     if method.prefix == "none" or flip_prob.size == 0:
         return np.zeros(flip_prob.size, dtype=np.int64)
@@ -85,6 +96,11 @@ def allocate_method_prefixes(
         return rng.multinomial(budget, np.full(flip_prob.size, 1.0 / flip_prob.size)).astype(np.int64)
     if method.prefix == "active":
         return allocate_prefixes(flip_prob, budget, seed=int(rng.integers(2**31)))
+    if method.prefix == "cost":
+        if cost is None or rollout_cost is None:
+            raise ValueError(f"method {method.name} prices continuations: pass each anchor's cost and a rollout's")
+        units, spend = quantise_costs(cost, int(budget * rollout_cost))
+        return allocate_prefixes_under_cost(flip_prob, units, spend, seed=int(rng.integers(2**31)))
     if method.prefix == "mix":
         raise ValueError(
             f"method {method.name} pools stage 2 over a step's prompts (rollout.grow.PooledStage2); it runs in "

@@ -84,6 +84,9 @@ METHODS: dict[str, Method] = {
         Method("trace_rows", "active_rows", "active", "trace"),
         Method("trace_grad", "active_grad", "active", "trace"),
         Method("trace_grad_unscaled", "active_grad_unscaled", "active", "trace"),
+        # TRACE with stage 2 under a cost budget: each prompt's continuations buy what its share of whole rollouts
+        # would cost (tokens on an LM, turns on the testbed), each at its own price (allocation: under cost)
+        Method("trace_cost", "active", "cost", "trace"),
         # TRACE with stage 2 pooled over the step's prompts, spent on making trees whose bare rollouts agree
         # mixed (allocation.allocate_tree_mixing; a barrier after the bare rollouts, local executor only)
         Method("trace_mix", "active", "mix", "trace"),

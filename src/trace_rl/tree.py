@@ -118,6 +118,23 @@ class RolloutTree:
             out.extend((node, float(end.reward)) for node in chain[:-1])
         return out
 
+    def anchor_costs(self) -> tuple[list[int], float]:
+        """What a continuation from each of `anchors()` (same order) costs, and a whole bare rollout on average.
+
+        The cost of an anchor is what its own rollout generated after it: policy tokens (log-probs) where the
+        tree's turns record them, else turns (the testbed); at least 1. Stage 2 under a cost budget prices its
+        continuations with it, an estimate: a continuation is a new sample and may run longer or shorter.
+        """
+        chains = [self._rollout_chain(first) for first in self.children(self.root_id)]
+        chains = [c for c in chains if c[-1].terminal and c[-1].reward is not None]  # as anchors() keeps them
+        tokens = any(node.logprobs for chain in chains for node in chain)
+        costs, whole = [], []
+        for chain in chains:
+            turn_cost = [len(node.logprobs) if tokens else 1 for node in chain]
+            whole.append(sum(turn_cost))
+            costs.extend(max(1, sum(turn_cost[t + 1 :])) for t in range(len(chain) - 1))
+        return costs, (sum(whole) / len(whole) if whole else 0.0)
+
     def started_rewards(self, node_id: str) -> list[float]:
         """Final rewards of the rollouts that started at `node_id`: the bare rollouts for the root, the
         continuations for an anchor. How many started there was fixed before any of them ran, so their mean

@@ -236,3 +236,59 @@ def test_tree_mixing_refuses_mismatched_flags():
 
     with pytest.raises(ValueError, match="one flag per tree"):
         allocate_tree_mixing([[0.2], [0.3]], [True], 2)
+
+
+def test_prefixes_under_cost_match_brute_force():
+    from trace_rl.allocation import allocate_prefixes_under_cost
+
+    rng = np.random.default_rng(11)
+    for trial in range(1200):
+        n = int(rng.integers(1, 5))
+        budget = int(rng.integers(0, 10))
+        q = random_probs(rng, n)
+        cost = rng.integers(1, 5, n)
+        k = allocate_prefixes_under_cost(q, cost, budget, seed=trial)
+        assert k.min() >= 0 and int(k @ cost) <= budget
+        best = max(
+            prefix_value(q, counts)
+            for counts in itertools.product(*(range(budget // c + 1) for c in cost))
+            if int(np.dot(counts, cost)) <= budget
+        )
+        assert prefix_value(q, k) == pytest.approx(best, abs=1e-12)
+        if q.min() > 0 and q.max() <= 0.9:  # every unit gains: what is left buys no continuation anywhere
+            assert budget - int(k @ cost) < cost.min()
+
+
+def test_prefixes_under_cost_with_equal_costs_is_stage_two_and_prefers_cheap_flips():
+    from trace_rl.allocation import allocate_prefixes_under_cost
+
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        q = rng.uniform(0.01, 0.99, int(rng.integers(1, 6)))
+        budget = int(rng.integers(0, 12))
+        k = allocate_prefixes_under_cost(q, np.full(q.size, 3), 3 * budget, seed=trial)
+        assert prefix_value(q, k) == pytest.approx(prefix_value(q, allocate_prefixes(q, budget)), abs=1e-12)
+    # a shallow anchor flips more often but costs four deep ones: the budget buys the deep ones
+    assert allocate_prefixes_under_cost([0.5, 0.3], [4, 1], 4).tolist() == [0, 4]
+    # nothing affordable, no anchors, zero gain: nothing spent
+    assert allocate_prefixes_under_cost([0.5], [5], 4).tolist() == [0]
+    assert allocate_prefixes_under_cost([], [], 4).size == 0
+    assert allocate_prefixes_under_cost([0.0, 0.0], [1, 1], 4).tolist() == [0, 0]
+
+
+def test_prefixes_under_cost_refuse_bad_costs_and_quantise_within_budget():
+    from trace_rl.allocation import allocate_prefixes_under_cost, quantise_costs
+
+    for cost in ([0, 1], [1.5, 1], [1]):
+        with pytest.raises(ValueError, match="cost"):
+            allocate_prefixes_under_cost([0.2, 0.3], np.asarray(cost), 4)
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        tokens = rng.integers(1, 3000, int(rng.integers(1, 8)))
+        budget = int(rng.integers(0, 20000))
+        units, b = quantise_costs(tokens, budget, units=64)
+        assert b <= 64 and units.min() >= 1
+        k = allocate_prefixes_under_cost(rng.uniform(0.05, 0.9, tokens.size), units, b)
+        assert int(k @ tokens) <= budget  # rounding costs up and the budget down never overspends
+    with pytest.raises(ValueError, match="positive"):
+        quantise_costs([0, 3], 10)

@@ -80,3 +80,16 @@ def test_the_pooled_stage2_is_not_a_per_prompt_allocation():
 
     with pytest.raises(ValueError, match="trace_mix pools stage 2 over a step's prompts.*executor=local"):
         allocate_method_prefixes(get_method("trace_mix"), np.array([0.3, 0.2]), 2, np.random.default_rng(0))
+
+
+def test_cost_budget_stage2_buys_what_its_rollouts_would_cost():
+    rng = np.random.default_rng(0)
+    method = get_method("trace_cost")
+    q = np.array([0.5, 0.3])
+    # 2 rollouts of 10 tokens buy 20 tokens: one shallow continuation (8 tokens) and three deep ones (4 tokens),
+    # 0.5 + 1 - 0.7^3 = 1.16 expected flips, where counting rollouts buys one of each (0.8)
+    k = allocate_method_prefixes(method, q, 2, rng, cost=[8, 4], rollout_cost=10.0)
+    assert k.tolist() == [1, 3]
+    assert allocate_method_prefixes(get_method("trace"), q, 2, rng).tolist() == [1, 1]  # counted: one each
+    with pytest.raises(ValueError, match="trace_cost prices continuations"):
+        allocate_method_prefixes(method, q, 2, rng)

@@ -29,6 +29,26 @@ def test_targets_are_leaf_weighted_not_child_averaged():
     assert tree.root.target == pytest.approx(3 / 4)  # child mean would say 1/2
 
 
+def test_anchor_costs_price_the_rest_of_each_rollout():
+    tree = RolloutTree(0)
+    a = tree.add_turn("0", logprobs=[-0.1] * 5)  # rollout 1: 5, 3, 2 tokens
+    b = tree.add_turn(a.node_id, logprobs=[-0.1] * 3)
+    tree.add_turn(b.node_id, logprobs=[-0.1] * 2, terminal=True, reward=1.0)
+    c = tree.add_turn("0", logprobs=[-0.1] * 4)  # rollout 2: 4 tokens, then a turn with none (at least 1)
+    tree.add_turn(c.node_id, terminal=True, reward=0.0)
+    tree.add_turn("0", logprobs=[-0.1] * 9)  # unfinished: not an anchor's rollout, not in the mean
+    tree.add_turn(b.node_id, logprobs=[-0.1] * 7, origin=BRANCH, terminal=True, reward=0.0)  # a branch: not bare
+    costs, whole = tree.anchor_costs()
+    assert [n.node_id for n, _ in tree.anchors()] == ["0.0", "0.0.0", "0.1"]
+    assert costs == [5, 2, 1] and whole == pytest.approx((10 + 4) / 2)
+    turns = RolloutTree(1)  # no turn records tokens (the testbed): costs are turns
+    x = turns.add_turn("1")
+    y = turns.add_turn(x.node_id)
+    turns.add_turn(y.node_id, terminal=True, reward=1.0)
+    assert turns.anchor_costs() == ([2, 1], 3.0)
+    assert RolloutTree(2).anchor_costs() == ([], 0.0)
+
+
 def test_started_rewards_count_only_rollouts_started_at_the_node():
     tree = RolloutTree(0)
     a = tree.add_turn("0")  # bare rollout 1: 0.0 -> 0.0.0 (success)

@@ -340,3 +340,29 @@ def test_pooled_stage2_is_refused_with_ray_before_anything_runs():
         check_executor("ray", methods=["grpo", "trace_mix"])
     with pytest.raises(ValueError, match="trace_mix:grpo pools stage 2"):
         check_executor("ray", methods=["trace_mix:grpo"])
+
+
+def test_cost_budget_stage2_spends_each_prompts_rollout_tokens_at_each_anchors_price(tok):
+    from trace_rl.allocation import allocate_prefixes_under_cost, quantise_costs
+
+    plan = BudgetPlan(prompts=4, rollouts_per_prompt=4, branch_factor=1, pool_factor=2, max_per_prompt=4)
+    res = engine(tok, light_text_predictor(), plan, wrong_every=3).grow(
+        make_tasks(8, seed=4, steps=(2, 3)), get_method("trace_cost"), step=1
+    )
+    counted = engine(tok, light_text_predictor(), plan, wrong_every=3).grow(
+        make_tasks(8, seed=4, steps=(2, 3)), get_method("trace"), step=1
+    )
+    assert res.continuations > counted.continuations  # continuations cost less than whole rollouts
+    for t in res.active:
+        anchors = t.anchors()
+        if not anchors:
+            continue
+        q = np.array([n.flip_predicted for n, _ in anchors])
+        counts = np.array([len(t.started_rewards(n.node_id)) for n, _ in anchors])
+        cost, rollout_cost = t.anchor_costs()
+        bare = len(t.started_rewards(t.root_id))
+        budget = int(bare * plan.branch_factor * rollout_cost)
+        assert int(counts @ np.array(cost)) <= budget  # priced at the bare rollouts' lengths: within the budget
+        units, spend = quantise_costs(cost, budget)
+        best = allocate_prefixes_under_cost(q, units, spend)
+        assert prefix_value(q, counts) == pytest.approx(prefix_value(q, best), abs=1e-12)
