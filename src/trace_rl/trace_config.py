@@ -55,6 +55,12 @@ class Method:
         return self.prefix == "mix"
 
     @property
+    def fixed_rows(self) -> bool:
+        """Whether a step's leaves never exceed its rollouts count. Under a cost budget (`trace_cost`) the count of
+        continuations varies with their prices, so frameworks whose batches have a fixed number of rows refuse it."""
+        return self.prefix != "cost"
+
+    @property
     def roots_on_value(self) -> bool:
         """Whether TRACE's root allocator (on V~, or on V~ recalibrated: predictor.root_model) picks the roots."""
         return self.root == "active" or self.root.startswith("active_")

@@ -135,6 +135,8 @@ def test_contract_violations_are_refused():
     shuffled[1], shuffled[4] = shuffled[4], shuffled[1]
     with pytest.raises(ValueError, match="in a row"):
         fn(shuffled, stand_in(4))
+    with pytest.raises(ValueError, match="method='trace_cost'.*cost budget.*num_generations rows"):
+        rollout_func(method="trace_cost")
 
 
 def test_keyword_arguments_are_the_one_trace_configuration():

@@ -72,6 +72,8 @@ def test_settings_from_config_take_the_command_line_names_and_refuse_unknown_key
         TraceSettings.from_config({"method": "trace_oracle"})
     with pytest.raises(ValueError, match="trace_rl.method=trace_mix pools stage 2.*one prompt at a time"):
         TraceSettings.from_config({"method": "trace_mix"})
+    with pytest.raises(ValueError, match="trace_rl.method=trace_cost spends a cost budget.*rollout.n rows"):
+        TraceSettings.from_config({"method": "trace_cost"})
     assert TraceSettings(TraceConfig("tree_grpo")).advantage == "tree_grpo"
     assert TraceSettings(TraceConfig("tree_grpo", advantage="trace")).advantage == "trace"
 

@@ -77,7 +77,13 @@ def trace_config(method: str, advantage: str, budget, predictor, weighting: str,
         predictor = dataclasses.asdict(predictor)
     if predictor is not None:
         settings["predictor"] = predictor
-    return TraceConfig.from_settings(settings, WHERE, fixed=SET_BY_TRL)
+    config = TraceConfig.from_settings(settings, WHERE, fixed=SET_BY_TRL)
+    if not config.method_spec.fixed_rows:  # TRL takes one row per received prompt, no more
+        raise ValueError(
+            f"{WHERE}(method={method!r}): it spends a cost budget, so its leaves vary in number and may exceed "
+            "the prompts x num_generations rows TRL takes; choose a method counted in rollouts such as trace"
+        )
+    return config
 
 
 def hf_backend(trainer) -> PolicyBackend:

@@ -61,6 +61,11 @@ class TraceSettings:
                 f"{CONFIG_KEY}.method={self.config.method} pools stage 2 over a step's prompts; the verl plugin grows "
                 "one prompt at a time, so choose a per-prompt method such as trace"
             )
+        if not self.config.method_spec.fixed_rows:  # verl's mini-batches are data.train_batch_size x rollout.n rows
+            raise ValueError(
+                f"{CONFIG_KEY}.method={self.config.method} spends a cost budget, so its rows vary in number; verl's "
+                "mini-batches need batch size x rollout.n rows, so choose a method counted in rollouts such as trace"
+            )
         check_seed(self.seed, f"{CONFIG_KEY}.seed")
 
     @classmethod
