@@ -109,14 +109,13 @@ class RolloutTree:
 
     def anchors(self) -> list[tuple[TurnNode, float]]:
         """Stage-2 candidates: non-terminal turn nodes of bare rollouts, each with its rollout's reward r_ij."""
-        out = []
-        for first in self.children(self.root_id):
-            chain = self._rollout_chain(first)
-            end = chain[-1]
-            if not end.terminal or end.reward is None:
-                continue  # an unfinished rollout has no observed outcome to flip
-            out.extend((node, float(end.reward)) for node in chain[:-1])
-        return out
+        return [(node, float(chain[-1].reward)) for chain in self._finished_bare_chains() for node in chain[:-1]]
+
+    def _finished_bare_chains(self) -> list[list[TurnNode]]:
+        """The bare rollouts that ended with a reward, each as its chain of turns; an unfinished rollout has no
+        observed outcome to flip, so stage 2 neither branches from it nor prices with it."""
+        chains = [self._rollout_chain(first) for first in self.children(self.root_id)]
+        return [c for c in chains if c[-1].terminal and c[-1].reward is not None]
 
     def anchor_costs(self) -> tuple[list[int], float]:
         """What a continuation from each of `anchors()` (same order) costs, and a whole bare rollout on average.
@@ -125,8 +124,7 @@ class RolloutTree:
         tree's turns record them, else turns (the testbed); at least 1. Stage 2 under a cost budget prices its
         continuations with it, an estimate: a continuation is a new sample and may run longer or shorter.
         """
-        chains = [self._rollout_chain(first) for first in self.children(self.root_id)]
-        chains = [c for c in chains if c[-1].terminal and c[-1].reward is not None]  # as anchors() keeps them
+        chains = self._finished_bare_chains()
         tokens = any(node.logprobs for chain in chains for node in chain)
         costs, whole = [], []
         for chain in chains:
