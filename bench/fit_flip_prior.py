@@ -59,7 +59,8 @@ def prediction_lines(path: Path) -> list[tuple[str, list[str]]]:
             if not members:
                 raise SystemExit(f"fit_flip_prior: {path} holds no predictions.jsonl")
             read = [io.TextIOWrapper(tar.extractfile(m), encoding="utf-8").readlines() for m in members]
-            return [(f"{path.name}:{Path(m.name).parent}", lines) for m, lines in zip(members, read)]
+            # the archive's path as given, not its file name: two studies' archives share names (trace--seed10)
+            return [(f"{path}:{Path(m.name).parent}", lines) for m, lines in zip(members, read)]
     return [(str(path), path.read_text(encoding="utf-8").splitlines())]
 
 
@@ -80,6 +81,8 @@ def read_runs(paths: list[str], extra: tuple[str, ...] = ()) -> dict[str, dict[i
     runs: dict[str, dict[int, tuple[np.ndarray, ...]]] = {}
     for path in paths:
         for name, lines in prediction_lines(Path(path)):
+            if any(key.startswith(f"{name} (") for key in runs):  # one run's steps must never overwrite another's
+                raise SystemExit(f"fit_flip_prior: {name} is given twice")
             for (method, step), recs in sorted(chosen_by_step(lines).items()):
                 arrays = tuple(np.array([rec[key] for rec in recs]) for key in PER_STEP)
                 arrays += tuple(np.array([rec.get(key, np.nan) for rec in recs], dtype=float) for key in extra)

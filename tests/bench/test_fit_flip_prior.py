@@ -64,6 +64,18 @@ def test_the_scripts_prior_is_the_layers_fit_on_the_chosen_anchors(run, tmp_path
         fit.read_runs([str(tmp_path / "nowhere")])
 
 
+def test_archives_of_one_name_from_two_studies_stay_two_runs(run, tmp_path):
+    fit = _load("fit_flip_prior")
+    _, archive = run
+    other = tmp_path / "other_study" / archive.name  # the same file name, another study's directory
+    other.parent.mkdir()
+    other.write_bytes(archive.read_bytes())
+    runs = fit.read_runs([str(archive), str(other)])
+    assert len(runs) == 2 and all(len(steps) == 2 for steps in runs.values())
+    with pytest.raises(SystemExit, match="given twice"):
+        fit.read_runs([str(archive), str(archive)])
+
+
 def test_the_replay_under_a_prior_predicts_it_at_step_0(run, tmp_path, monkeypatch, capsys):
     jsonl, _ = run
     out = tmp_path / "prior.json"
