@@ -53,13 +53,13 @@ def main(argv: list[str] | None = None) -> None:
         for j, (name, r) in enumerate(rows.items()):
             # the first arm labels each point below-right of it; later arms, whose points often sit together
             # near the diagonal, stack their labels up-left with a leader line so none covers another
-            side = {"xytext": (4, -10)} if i % 2 == 0 else {"xytext": (-30, 22 + 11 * j), "ha": "right"}
+            leader = {"xytext": (-30, 22 + 11 * j), "ha": "right", "arrowprops": {"arrowstyle": "-", "color": "0.6"}}
+            side = {"xytext": (4, -10)} if i % 2 == 0 else leader
             ax.annotate(
                 f"d{name} ({r['continuations']:,})",
                 (r["pred"], r["real"]),
                 fontsize=7,
                 textcoords="offset points",
-                arrowprops=None if i % 2 == 0 else {"arrowstyle": "-", "color": "0.6", "lw": 0.6},
                 **side,
             )
         print(label, {k: (round(v["pred"], 3), round(v["real"], 3), v["continuations"]) for k, v in rows.items()})
