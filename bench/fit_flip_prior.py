@@ -64,6 +64,18 @@ def prediction_lines(path: Path) -> list[tuple[str, list[str]]]:
     return [(str(path), path.read_text(encoding="utf-8").splitlines())]
 
 
+def named_prediction_lines(paths: list[str]):
+    """(name, lines) of every run the paths name, in order; a run named twice is refused, since its records would
+    be read as one run's (steps overwritten or merged)."""
+    seen: set[str] = set()
+    for path in paths:
+        for name, lines in prediction_lines(Path(path)):
+            if name in seen:
+                raise SystemExit(f"fit_flip_prior: {name} is given twice")
+            seen.add(name)
+            yield name, lines
+
+
 def chosen_by_step(lines: list[str]) -> dict[tuple[str, int], list[dict]]:
     """The chosen anchors' records (depth >= 1, with continuations) of each (method, step), in file order."""
     out: dict[tuple[str, int], list[dict]] = defaultdict(list)
@@ -79,14 +91,11 @@ def read_runs(paths: list[str], extra: tuple[str, ...] = ()) -> dict[str, dict[i
     """Run name -> step -> that step's chosen anchors as (reward, V~, depth, continuations, flips) arrays, then
     one float array per `extra` key (nan where a record lacks it)."""
     runs: dict[str, dict[int, tuple[np.ndarray, ...]]] = {}
-    for path in paths:
-        for name, lines in prediction_lines(Path(path)):
-            if any(key.startswith(f"{name} (") for key in runs):  # one run's steps must never overwrite another's
-                raise SystemExit(f"fit_flip_prior: {name} is given twice")
-            for (method, step), recs in sorted(chosen_by_step(lines).items()):
-                arrays = tuple(np.array([rec[key] for rec in recs]) for key in PER_STEP)
-                arrays += tuple(np.array([rec.get(key, np.nan) for rec in recs], dtype=float) for key in extra)
-                runs.setdefault(f"{name} ({method})", {})[step] = arrays
+    for name, lines in named_prediction_lines(paths):
+        for (method, step), recs in sorted(chosen_by_step(lines).items()):
+            arrays = tuple(np.array([rec[key] for rec in recs]) for key in PER_STEP)
+            arrays += tuple(np.array([rec.get(key, np.nan) for rec in recs], dtype=float) for key in extra)
+            runs.setdefault(f"{name} ({method})", {})[step] = arrays
     return runs
 
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
-from fit_flip_prior import prediction_lines  # bench/, on the path when the bench runs as a script
+from fit_flip_prior import named_prediction_lines  # bench/, on the path when the bench runs as a script
 
 from trace_rl.predictors.root_calibration import RootCalibrator
 
@@ -28,12 +27,11 @@ from trace_rl.predictors.root_calibration import RootCalibrator
 def read_roots(paths: list[str]) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """Run name -> step -> (V~, bare rollouts, successes) of the step's roots with bare rollouts."""
     runs: dict[str, dict[int, list]] = {}
-    for path in paths:
-        for name, lines in prediction_lines(Path(path)):
-            for line in lines:
-                if line.strip() and (rec := json.loads(line))["depth"] == 0 and rec.get("bare_rollouts"):
-                    steps = runs.setdefault(f"{name} ({rec['method']})", defaultdict(list))
-                    steps[rec["step"]].append((rec["predicted"], rec["bare_rollouts"], rec["bare_successes"]))
+    for name, lines in named_prediction_lines(paths):
+        for line in lines:
+            if line.strip() and (rec := json.loads(line))["depth"] == 0 and rec.get("bare_rollouts"):
+                steps = runs.setdefault(f"{name} ({rec['method']})", defaultdict(list))
+                steps[rec["step"]].append((rec["predicted"], rec["bare_rollouts"], rec["bare_successes"]))
     return {n: {s: tuple(np.array(c) for c in zip(*rows)) for s, rows in st.items()} for n, st in runs.items()}
 
 

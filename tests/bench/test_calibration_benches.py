@@ -91,6 +91,8 @@ def test_the_prior_file_carries_the_half_life_the_script_was_given(runs, tmp_pat
 def test_the_root_replay_is_the_layer_step_by_step(runs, monkeypatch, capsys):
     replay = _load("replay_root_layer", monkeypatch)
     (steps, *_) = replay.read_roots([str(runs[0])]).values()
+    with pytest.raises(SystemExit, match="given twice"):  # one run read twice would merge into one run's steps
+        replay.read_roots([str(runs[0]), str(runs[0])])
     data = replay.replay(steps, RootCalibrator(0.5, 0.25, 16.0))
     layer = RootCalibrator(0.5, 0.25, 16.0)
     for step in sorted(steps):
