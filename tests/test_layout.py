@@ -28,6 +28,7 @@ CORE = {
     "seeding",
     "stats",
     "trace_config",
+    "strict_json",
 }
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
@@ -54,7 +55,7 @@ RANK = {
 HOLDS = {
     "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's and VIP's allocators, "
     "methods and TRACE's one configuration (method, advantage, budget, predictor kind and prefix share, weighting), "
-    "advantage estimators, step metrics, paired statistics over seeds, named random streams; numpy only",
+    "advantage estimators, step metrics, paired statistics over seeds, named random streams, strict JSON for every file a run writes; numpy only",
     "errors": "the user-error types the command line shows as one line (standard library only)",
     "safe_read": "reading files a damaged disk may have replaced: regular files only, bounded, strict JSON "
     "(standard library only)",

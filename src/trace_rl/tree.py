@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .strict_json import dumps
+
 BARE, BRANCH, ROOT = "bare", "branch", "root"
 
 
@@ -255,10 +257,11 @@ def _same_but_children(a: TurnNode, b: TurnNode) -> bool:
 
 
 def save_trees(path: str | Path, trees: Iterable[RolloutTree], append: bool = False, extra: dict | None = None) -> None:
-    """Write one tree per line (JSON-lines); `extra` keys (e.g. method, step) go into every line."""
+    """Write one tree per line (strict JSON-lines: a NaN V~ or reward is null, as an unset one); `extra` keys
+    (e.g. method, step) go into every line."""
     with open(path, "a" if append else "w", encoding="utf-8") as fh:
         for tree in trees:
-            fh.write(json.dumps({**(extra or {}), **tree.to_dict()}) + "\n")
+            fh.write(dumps({**(extra or {}), **tree.to_dict()}) + "\n")
 
 
 def load_trees(path: str | Path) -> list[RolloutTree]:

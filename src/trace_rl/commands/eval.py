@@ -4,13 +4,13 @@ benchmark, per-sample results on request."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import write_config
 from ..errors import ConfigError, UserError
 from ..stack.config import EngineConfig, LMEnvConfig, LMPolicyConfig, check_seed, env_config
+from ..strict_json import dumps
 
 
 @dataclass
@@ -92,7 +92,7 @@ def run(cfg: EvalConfig, yaml_text: str) -> list[dict]:
             if out:
                 with open(out / "samples.jsonl", "a", encoding="utf-8") as fh:
                     for r in results:
-                        fh.write(json.dumps({"benchmark": bench, **r}) + "\n")
+                        fh.write(dumps({"benchmark": bench, **r}) + "\n")
     finally:
         stack.close()
     print(format_table(rows))

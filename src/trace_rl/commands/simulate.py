@@ -4,12 +4,12 @@ the run loop is `testbed.simulate`, this module turns its records into the summa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ..config import write_config
+from ..strict_json import dumps
 from ..testbed.simulate import SimulateConfig
 
 
@@ -48,7 +48,7 @@ def run(cfg: SimulateConfig, yaml_text: str) -> list[dict]:
     if len(seeds) > 1:
         table = accuracy + f"mean over seeds {seeds}\n" + table
     print(table)
-    (out / "summary.json").write_text(json.dumps(rows, indent=2))
+    (out / "summary.json").write_text(dumps(rows, indent=2))
     (out / "summary.txt").write_text(table + "\n")
     per = per_seed(runs) if len(seeds) > 1 else results
     plot_metric(

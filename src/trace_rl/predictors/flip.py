@@ -62,6 +62,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..allocation import prefix_flip_prob
+from ..strict_json import dumps
 from ..tree import RolloutTree
 from .map_logistic import AgedLogisticLayer, binomial_counts
 from .map_logistic import expit as _expit
@@ -249,7 +250,7 @@ class FlipPrior:
             raise ValueError(f"the flip prior is malformed: {err}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        Path(path).write_text(dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "FlipPrior":

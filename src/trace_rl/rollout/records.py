@@ -33,13 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from ..errors import UserError
 from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
 from ..predictors.calibration import step_calibration
 from ..predictors.diagnostics import node_records, spearman_rho, step_diagnostics
 from ..safe_read import NotRegularFile, check_regular
+from ..strict_json import dumps as finite_json  # strict JSON: NaN and infinities as null
 from .engine import StepResult
 
 GROUPS = ("rollout", "alloc", "predictor", "timing_s", "eval", "train")
@@ -134,23 +133,6 @@ class MetricsWriter:
         flat = record.flat() if isinstance(record, StepRecord) else record
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(finite_json(flat) + "\n")
-
-
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, np.floating):
-        return float(value) if np.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def finite_json(obj, **kwargs) -> str:
-    """json.dumps as strict JSON: NaN and infinities (also inside lists and dicts) become null."""
-    return json.dumps(_finite(obj), allow_nan=False, **kwargs)
 
 
 def _metric_nulls_as_nan(rec: dict) -> dict:

@@ -20,13 +20,13 @@ evaluations is linear interpolation, an estimate between the points actually mea
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ..stats import cost_to_target_ci, mean_ci, paired_bootstrap_ci
+from ..strict_json import dumps
 
 Curve = tuple[np.ndarray, np.ndarray]  # (cost spent at each evaluation, accuracy there), from (0, before)
 
@@ -266,5 +266,5 @@ def format_table(rows: list[dict], right_align: bool = True, rule: bool = True) 
 def write_summary(stem: Path, rows: list[dict], table: str) -> None:
     """A command's summary: the table printed, and written as <stem>.txt beside its rows as <stem>.json."""
     print(table)
-    stem.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+    stem.with_suffix(".json").write_text(dumps(rows, indent=2))  # strict JSON: a NaN figure is null
     stem.with_suffix(".txt").write_text(table + "\n")

@@ -62,6 +62,7 @@ from ..rollout.report import (
     write_summary,
 )
 from ..stack.env_config import upgrade_run_settings
+from ..strict_json import dumps
 from .checkpoint import checkpoints
 from .run_settings import RUN_SETTINGS, finished, run_settings, start_settings
 from .trainer import TrainConfig
@@ -129,7 +130,7 @@ def open_run(run: Path, spec: str, seed: int, warm: int, done: bool, settings: d
         print(f"== {label}: finished, read from {run}", file=sys.stderr)
         return False
     run.mkdir(parents=True, exist_ok=True)
-    (run / RUN_SETTINGS).write_text(json.dumps(settings, indent=2))
+    (run / RUN_SETTINGS).write_text(dumps(settings, indent=2))
     print(f"== {label}", file=sys.stderr)
     return True
 
@@ -159,7 +160,7 @@ def run_one(cfg: Study, spec: str, seed: int, warm: int, runner: Callable[..., d
 
         def share(evaluated: dict) -> None:  # written, then the pair's waiting runs are let go
             tmp = shared.with_name(f".{shared.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({"settings": key, "before": evaluated}, indent=2))
+            tmp.write_text(dumps({"settings": key, "before": evaluated}, indent=2))
             tmp.replace(shared)
             held.close()
 

@@ -33,12 +33,13 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..methods import BudgetPlan
-from ..rollout.records import MetricsWriter, StepRecord, finite_json
+from ..rollout.records import MetricsWriter, StepRecord
 from ..rollout.run_loop import RunLoop
 from ..safe_read import read_json
 from ..seeding import derive_seed
 from ..stack.build import build_env, build_predictor, build_stack
 from ..stack.config import LMEnvConfig, LMRunConfig, check_seed, env_config
+from ..strict_json import dumps
 from ..trace_config import TraceConfig, check_advantage, check_method
 from .checkpoint import LAYERS, RunState, entries, restore, resume_point, run_record, save_checkpoint
 from .learner import LMLearner
@@ -428,7 +429,7 @@ def write_summary(run: TrainRun, record: dict) -> dict:
         "peak_rss_gib": _peak_rss_gib(),
         "out": str(run.out),
     }
-    (run.out / "train_summary.json").write_text(finite_json(summary, indent=2))
+    (run.out / "train_summary.json").write_text(dumps(summary, indent=2))
     return summary
 
 
