@@ -48,6 +48,7 @@ RANK = {
     "viewer": 8,
     "config": 8,
     "diagnose": 9,
+    "results": 9,
     "commands": 10,
     "cli": 11,
 }
@@ -86,6 +87,8 @@ HOLDS = {
     "config": "typed configs from YAML and key=value overrides; choice groups (env) typed by the choice made, and "
     "a command's class by a choice at its top (compare's `command`)",
     "diagnose": "`diagnose`: the predictor's calibration from a run",
+    "results": "the compact results store (what the published tables read of a study's runs) and the published "
+    "tables and figures `report` regenerates from it",
     "commands": "one module per command: its config (or the one its layer builds) and `run(cfg, yaml_text) -> "
     "summary`; `rollout` (the LM stack without the update), `eval`, `train`'s report and plots, `simulate`'s "
     "summary over seeds, `compare` (seeds x methods over `train` or `rollout`, each run through its runner)",
