@@ -18,16 +18,15 @@ simulate: install
 	.venv/bin/trace-rl simulate out=runs/simulate
 
 rollout: install
-	.venv/bin/trace-rl sft
 	.venv/bin/trace-rl rollout out=runs/rollout
 
 evidence: install
 	.venv/bin/trace-rl simulate seeds=0,1,2,3 out=runs/simulate
-	.venv/bin/trace-rl simulate --ablation seeds=0,1,2,3 out=runs/ablation
+	.venv/bin/trace-rl simulate ablation=true seeds=0,1,2,3 out=runs/ablation
 	.venv/bin/trace-rl propositions
 
 ablation: install
-	.venv/bin/trace-rl simulate --ablation out=runs/ablation
+	.venv/bin/trace-rl simulate ablation=true out=runs/ablation
 
 propositions: install
 	.venv/bin/trace-rl propositions
@@ -36,8 +35,8 @@ bench: install
 	.venv/bin/python bench/bench_allocation.py
 
 lint: install
-	.venv/bin/ruff check src tests bench
-	.venv/bin/ruff format --check src tests bench
+	.venv/bin/ruff check src tests bench lab
+	.venv/bin/ruff format --check src tests bench lab
 
 test: lint
 	.venv/bin/python -m pytest tests

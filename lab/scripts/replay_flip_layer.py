@@ -1,7 +1,7 @@
 """Replay stage 2's calibrated flip layer over a run's predictions.jsonl, step by step, as it would have run.
 
     python lab/scripts/replay_flip_layer.py runs/x/predictions.jsonl [more.jsonl] [--burn 5] [--kappa 1 --half-life 16]
-    python lab/scripts/replay_flip_layer.py --check runs/cal/predictions.jsonl   # a run with predictor.flip_model=calibrated
+    python lab/scripts/replay_flip_layer.py --check runs/cal/predictions.jsonl  # with flip_model=calibrated
     python lab/scripts/replay_flip_layer.py --prior prior.json --runs-table docs/results/data/eval/trace--seed10?.tar.gz
 
 A run is a predictions.jsonl, a run directory or a run archive of `lab/scripts/archive_runs.sh` (each method in a file
