@@ -80,7 +80,7 @@ CASES = [
     (["eval", "policy.device=tpu"], "policy.device"),
     (["eval", "policy.vllm.dtype=int8"], "policy.vllm.dtype"),
     (["eval", "policy.vllm.gpu_memory_utilization=1.5"], "policy.vllm.gpu_memory_utilization"),
-    (["eval", "policy.vllm.gpu_memory_utilization=0"], "policy.vllm.gpu_memory_utilization"),
+    (["eval", "policy.vllm.gpu_memory_utilization=-0.1"], "policy.vllm.gpu_memory_utilization"),
     (["rollout", "policy.vllm.kv_cache_gb=-1"], "policy.vllm.kv_cache_gb"),
     (["rollout", "policy.vllm.max_num_batched_tokens=-5"], "policy.vllm.max_num_batched_tokens"),
     (["rollout", "policy.vllm.enable_chunked_prefill=maybe"], "policy.vllm.enable_chunked_prefill"),
@@ -265,8 +265,7 @@ def test_vllm_settings_become_engine_arguments_and_cpu_refuses_chunked_prefill()
 
     cfg = VLLMConfig(kv_cache_gb=2.5, max_num_batched_tokens=8192, weight_sync="file")
     assert cfg.engine_kwargs(on_cpu=True, dtype="bfloat16") == {
-        "gpu_memory_utilization": 0.5,
-        "weight_sync": "file",
+        "weight_sync": "file",  # gpu_memory_utilization unset (0): stack.build computes it on a GPU
         "dtype": "bfloat16",  # dtype=auto follows the update's
         "max_num_batched_tokens": 8192,
         "kv_cache_gb": 2.5,
@@ -274,6 +273,7 @@ def test_vllm_settings_become_engine_arguments_and_cpu_refuses_chunked_prefill()
     assert VLLMConfig(dtype="float32").engine_kwargs(on_cpu=False, dtype="bfloat16")["dtype"] == "float32"
     assert "dtype" not in VLLMConfig().engine_kwargs(on_cpu=False)  # rollout/eval: the backend's platform default
     assert VLLMConfig().engine_kwargs(on_cpu=True)["weight_sync"] == "direct"
+    assert VLLMConfig(gpu_memory_utilization=0.4).engine_kwargs(on_cpu=False)["gpu_memory_utilization"] == 0.4
     on = VLLMConfig(enable_chunked_prefill=True)
     assert on.engine_kwargs(on_cpu=False)["enable_chunked_prefill"] is True
     with pytest.raises(ConfigError, match="^policy.vllm.enable_chunked_prefill: "):

@@ -160,7 +160,7 @@ class VLLMBackend(VersionedBackend):
         model: str,
         tokenizer=None,
         dtype: str | None = None,
-        gpu_memory_utilization: float = 0.5,
+        gpu_memory_utilization: float = 0.9,
         seed: int = 0,
         kv_cache_gb: float | None = None,
         weight_sync: str = "direct",
@@ -169,8 +169,9 @@ class VLLMBackend(VersionedBackend):
         """One `AsyncLLM` for `model`, with prefix caching, processed log-probs and the weight loader.
 
         `engine_kwargs` go to `AsyncEngineArgs` (e.g. max_model_len, tensor_parallel_size, enforce_eager,
-        enable_chunked_prefill, max_num_batched_tokens). `gpu_memory_utilization` defaults to half the GPU: the
-        torch model that train updates shares it. `kv_cache_gb` sizes the KV cache (vLLM's kv_cache_memory_bytes;
+        enable_chunked_prefill, max_num_batched_tokens). `gpu_memory_utilization` defaults to vLLM's own 0.9; beside
+        a torch model that train updates, `stack.build` computes it from the two sizes (`vllm_memory.py`).
+        `kv_cache_gb` sizes the KV cache (vLLM's kv_cache_memory_bytes;
         None: on a GPU what gpu_memory_utilization leaves, on CPU 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` is set,
         which vLLM's CPU platform reads and prefers; unset, the CPU engine asks for a share of host memory that a
         shared machine cannot give, and refuses to start). `weight_sync`: how `update_weights` reaches the

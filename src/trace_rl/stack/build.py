@@ -21,6 +21,7 @@ predictor comes from the one predictor builder, `predictors.build.build_predicto
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -86,13 +87,39 @@ def probe_policy(cfg: LMPolicyConfig) -> None:
         raise ConfigError(f"policy.{err}") from None
 
 
+def engine_memory_share(device: str, model: Any, ref_model: Any, engine_dtype: str, memory: dict | None) -> float:
+    """vLLM's `gpu_memory_utilization` beside the torch model this process trains (`backends.vllm_memory`): what the
+    GPU holds after the trainer's estimated footprint; CAP without a trained model; one line when the engine cannot
+    fit. `memory`: `trainer_footprint`'s settings (micro_batch_tokens, step_copy)."""
+    from ..backends import vllm_memory as vm
+
+    if model is None:
+        return vm.CAP
+    import torch
+
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    trainer = vm.trainer_footprint(model, ref_model, **(memory or {}))
+    try:
+        return vm.engine_share(total, trainer, vm.engine_min_bytes(vm.model_sizes(model)[0], engine_dtype))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def build_policy(
-    cfg: LMPolicyConfig, model: Any = None, tokenizer: Any = None, seed: int = 0, dtype: str | None = None
+    cfg: LMPolicyConfig,
+    model: Any = None,
+    tokenizer: Any = None,
+    seed: int = 0,
+    dtype: str | None = None,
+    ref_model: Any = None,
+    memory: dict | None = None,
 ) -> PolicyStack:
     """The backend of `cfg.backend` for `cfg.model`; with `model` and `tokenizer` (a torch model this process
     trains), the backend samples that model's weights (hf: the object itself; vllm: pushed into the engine).
     `dtype`: the update's compute dtype (train's update.dtype), which the backend then samples in, so the first
-    PPO ratio of a step is 1 (hf: its forwards under the same autocast; vllm: the engine's dtype)."""
+    PPO ratio of a step is 1 (hf: its forwards under the same autocast; vllm: the engine's dtype). With vllm on a
+    GPU and `policy.vllm.gpu_memory_utilization=0`, the engine's share is computed (`engine_memory_share`) from
+    `model`, `ref_model` and `memory`."""
     from ..lm.models import RANDOM_TINY, resolve_model_path
 
     if cfg.backend == "hf":
@@ -113,6 +140,10 @@ def build_policy(
 
         path = resolve_model_path(cfg.model)
         kwargs = cfg.vllm.engine_kwargs(current_platform.is_cpu(), dtype)  # one line naming a refused setting
+        if not current_platform.is_cpu() and "gpu_memory_utilization" not in kwargs:
+            engine_dtype = kwargs.get("dtype", "bfloat16")
+            kwargs["gpu_memory_utilization"] = engine_memory_share(cfg.device, model, ref_model, engine_dtype, memory)
+            print(f"trace-rl: vLLM takes {kwargs['gpu_memory_utilization']:.2f} of the GPU", file=sys.stderr)
         backend = VLLMBackend.launch(path, tokenizer=tokenizer, seed=seed, **kwargs)
         stack = PolicyStack(backend, backend.tokenizer, model, shares_model=False)
         if model is not None:
@@ -238,13 +269,15 @@ def build_stack(
     prepare: Callable[[Any], None] | None = None,
     executor: str = "local",
     ray: RayConfig | None = None,
+    memory: dict | None = None,
 ) -> LMStack:
     """The LM stack of a command. `train`: the model is loaded here, after `torch.manual_seed(seed)`, for this
     process to update; `prepare(model)` then runs on it before anything else loads (a trainer's LoRA adapters
     and optimizer, a resumed checkpoint's weights, which a vLLM engine must start from); `reference` adds a
     frozen copy of the start model (the KL term's). The backend (`build_policy`) samples that model in `dtype`;
     without `train`, it loads the policy itself (or reaches a server). `executor`: where trees grow
-    (`rollout.engine.make_executor`), one for every engine of the stack."""
+    (`rollout.engine.make_executor`), one for every engine of the stack. `memory`: the trainer's settings that
+    size its GPU footprint (`backends.vllm_memory.trainer_footprint`), for a vLLM engine's computed share."""
     model = tok = ref_model = None
     if train:
         import torch
@@ -260,7 +293,7 @@ def build_stack(
 
         ref_model, _ = load_model(policy.model, device=policy.device)
         ref_model.eval().requires_grad_(False)
-    stack = build_policy(policy, model=model, tokenizer=tok, seed=seed, dtype=dtype)
+    stack = build_policy(policy, model=model, tokenizer=tok, seed=seed, dtype=dtype, ref_model=ref_model, memory=memory)
     params = policy.sampling(spec.max_new_tokens)
     return LMStack(
         spec,

