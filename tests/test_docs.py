@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "results" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES += sorted((ROOT / "lab").rglob("*.md"))
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -92,3 +93,28 @@ def test_readme_commands_name_known_commands_and_keys():
         if positional:  # `trace-rl view FILE ...`: what the command line does with a bare argument
             args = [a if "=" in a or a.startswith("--") else f"{positional}={a}" for a in args]
         _overrides(commands[name].config_class(), args)  # raises ConfigError naming an unknown key
+
+
+def test_the_readme_is_a_front_door():
+    """At most 180 lines, results at most 45 of them, and its commands are `trace-rl` and `make` only."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 180
+    results = text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    assert len(results.splitlines()) <= 45
+    blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S)
+    for line in "\n".join(blocks).splitlines():
+        assert line.startswith(("trace-rl ", "make ")), f"README command that is not trace-rl or make: {line}"
+
+
+@pytest.mark.parametrize("page", ["README.md", "results/README.md"])
+def test_each_published_table_is_what_report_prints_from_the_stored_runs(page):
+    """Every `<!-- report:NAME -->` block of the page equals `trace-rl report`'s rendering of NAME from results/."""
+    pytest.importorskip("torch")  # the tables read runs through trace_rl.train.compare
+    from trace_rl.commands.report import blocks, render
+
+    shown = blocks((ROOT / page).read_text())
+    assert shown, f"{page} shows no report block"
+    rendered, missing = render(ROOT / "results", list(shown))
+    assert missing == {}
+    for name, table in shown.items():
+        assert table == rendered[name], f"{page}: the {name} table differs from `trace-rl report tables={name}`"
