@@ -5,13 +5,15 @@ summary`, both named as 'module:attr' and imported only when the command runs (s
 loads another's layers). The runners live in `commands/` (one module per command), except `sft`, whose layer's
 own runner already has that signature; `compare` runs its runs through `train`'s or `rollout`'s runner. This
 module is the dispatcher only: parse the keys into the typed config (`config.py`), check that `out` can be
-created, run the probes once, call the runner. Every user error (`errors.UserError`) is one line naming the
-setting, exit code 2, before any work starts where it can be known then; any other exception is a bug and keeps
-its traceback (exit code 1)."""
+created (without creating it), run the probes once, call the runner, which creates `out` once its own checks
+have passed, so a refused command leaves nothing behind. Every user error (`errors.UserError`) is one line
+naming the setting, exit code 2, before any work starts where it can be known then; any other exception is a
+bug and keeps its traceback (exit code 1)."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,14 +111,20 @@ def _load(spec: str):
 
 
 def _check_out(cfg) -> None:
-    """The run directory can be created (before any work, so a bad `out` never costs a run)."""
+    """The run directory can be created, checked without creating it (before any work, so a bad `out` never
+    costs a run; and nothing is written before every check has passed, so a refused command leaves nothing
+    behind: the runner creates `out` once it starts its work). Checked: the deepest part of the path that exists
+    is a directory this process may write to."""
     out = getattr(cfg, "out", "")
     if not out or out.endswith(".html"):
         return
-    try:
-        Path(out).mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"out: cannot create the directory {out!r} ({err.strerror or err})") from None
+    there = Path(out)
+    while not there.exists() and not there.is_symlink() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise ConfigError(f"out: cannot create the directory {out!r} ({there} is not a directory)")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise ConfigError(f"out: cannot create the directory {out!r} (no permission to write in {there})")
 
 
 def _probe(cfg) -> None:
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             rest = [a for i, a in enumerate(rest) if i not in bare] + [f"{positional}={value}"]
     try:
         cfg, yaml_text = load_config(cls, rest)
-        _check_out(cfg)
+        _check_out(cfg)  # checks only: every refusal comes before anything is written
         _probe(cfg)
         spec.runner()(cfg, yaml_text)
     except UserError as err:  # anything else is a bug in trace-rl: it keeps its traceback (exit code 1)

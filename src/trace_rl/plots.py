@@ -18,6 +18,7 @@ next to each other instead of one hiding the others.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +33,20 @@ BAR_POINTS = 5  # a seeds' band over this few points is drawn as error bars: sha
 BANDS = {"minmax": "spread: min–max over seeds", "std": "spread: mean ± 1 std over seeds"}
 
 Records = list[dict]
+# what a command prints instead of its plots where matplotlib is missing (the vLLM environment has none)
+SKIPPED = "plots skipped: matplotlib is not installed (pip install 'trace-rl[plots]'; scripts/install.sh installs it)"
+
+
+def plots_available() -> bool:
+    """Whether matplotlib can be imported; where it cannot, prints SKIPPED (one line, stderr) and returns False.
+    A command asks this before it draws, so a run that finished its work never ends in a failing exit for want
+    of its plots: it says in one line that they were skipped, and its other files are written as always."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(SKIPPED, file=sys.stderr)
+        return False
+    return True
 
 
 def _smooth(y: np.ndarray, window: int) -> np.ndarray:

@@ -3,6 +3,7 @@ command it does not run, and `command=rollout` on a tiny random model: every run
 run, and the paired summary's numbers are those runs' records."""
 
 import json
+import math
 
 import pytest
 
@@ -102,7 +103,9 @@ def test_rollout_over_two_methods_and_two_seeds_pairs_the_runs_records(tmp_path,
             }
     for method, row in rows.items():
         for key in OVER_SEEDS:
-            assert row[key]["per_seed"] == pytest.approx([own[method, s][key] for s in (3, 4)], nan_ok=True)
+            # strict JSON: a NaN (GRPO's flips per continuation: it never branches) is null in the file
+            per_seed = [math.nan if v is None else v for v in row[key]["per_seed"]]
+            assert per_seed == pytest.approx([own[method, s][key] for s in (3, 4)], nan_ok=True)
         assert row["tokens"] == pytest.approx((own[method, 3]["tokens"] + own[method, 4]["tokens"]) / 2)
     ers = [own[m, s]["effective_ratio"] for m in rows for s in (3, 4)]
     assert max(ers) > 0  # the coin mixes the trees, so the numbers compared are not all zero
@@ -127,3 +130,24 @@ def test_rollout_over_two_methods_and_two_seeds_pairs_the_runs_records(tmp_path,
     assert (out / "grpo" / "seed3" / "metrics.jsonl").stat().st_mtime_ns == stamp
     assert main([*args, "rollout.budget.rollouts_per_prompt=2"]) == 2  # a run of other settings: refused
     assert "other settings" in capsys.readouterr().err
+
+
+def test_two_workers_label_every_line_with_its_run_and_keep_each_runs_log_in_its_folder(tmp_path, coin_env, capfd):
+    out = tmp_path / "cmp"
+    args = ["compare", "command=rollout", f"out={out}", "methods=grpo,trace", "seeds=3", "workers=2"]
+    args += [f"rollout.{a}" for a in [*SMALL, f"env.name={coin_env}"] if a != "progress=false"]
+    assert main(args) == 0
+    got = capfd.readouterr()
+    assert "compare: 2 runs to go, 2 at once, each line labelled [method pair]" in got.err
+    assert "compare: 2 of 2 runs done in " in got.err
+    for method, other in (("grpo", "trace"), ("trace", "grpo")):
+        label = f"[{method} seed3] "
+        err = [line.removeprefix(label) for line in got.err.splitlines() if line.startswith(label)]
+        assert err[0].startswith(f"== {method}, seed 3 (run ") and f"in {out / method / 'seed3'})" in err[0]
+        assert any(line.startswith(f"{method:<18} step 2/2  effective ratio") for line in err)  # its last step
+        final = [line.removeprefix(label) for line in got.out.splitlines() if line.startswith(label)]
+        assert final[-1].startswith(f"wrote {out / method / 'seed3'}/config.yaml, rollout_summary.json")
+        log = (out / method / "seed3" / "run.log").read_text()
+        assert f"== {method}, seed 3" in log and final[-1] in log and f"== {other}" not in log
+    # the parent's own lines carry no run label; the table follows the runs
+    assert "wrote " + str(out) + "/compare_summary.json" in got.out

@@ -89,7 +89,21 @@ def test_without_a_learner_the_policy_stays_as_it_was_and_nothing_is_trained():
 def test_the_progress_line_rewrites_one_line_with_the_running_mean_and_the_commands_tail(capsys):
     from trace_rl.rollout.run_loop import progress_line
 
-    show = progress_line("[1/2] trace", 10, lambda recs: f"tokens {len(recs) * 1000:,}", width=3)
+    now = iter([100.0, 130.0, 160.0])  # made at 100 s; two steps done at 130 s, all ten at 160 s
+    show = progress_line(
+        "[1/2] trace", 10, lambda recs: f"tokens {len(recs) * 1000:,}", width=3, clock=lambda: next(now)
+    )
     show([{"rollout/effective_ratio": 0.5}, {"rollout/effective_ratio": 0.25}])
     err = capsys.readouterr().err
-    assert err == "\r[1/2] trace step   2/10  effective ratio (running mean) 0.375  tokens 2,000"
+    # 15 s a step over the first two: 8 steps left are about 2 minutes
+    assert err == "\r[1/2] trace step   2/10  effective ratio (running mean) 0.375  tokens 2,000  about 2m00s left"
+    show([{"rollout/effective_ratio": 0.5}] * 10)
+    assert capsys.readouterr().err.endswith("tokens 10,000")  # done: no time left printed
+
+
+def test_durations_and_time_left_read_as_a_person_would_say_them():
+    from trace_rl.rollout.run_loop import duration, time_left
+
+    assert [duration(s) for s in (0, 44.6, 60, 185, 3600 * 2 + 7 * 60 + 20)] == ["0s", "45s", "1m00s", "3m05s", "2h07m"]
+    assert time_left(30.0, 3, 12) == "about 1m30s left"
+    assert time_left(0.0, 0, 12) == "" and time_left(50.0, 12, 12) == ""

@@ -30,11 +30,13 @@ import copy
 import dataclasses
 import json
 import os
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UserError
 from ..stack.config import check_seed
 from ..trace_config import check_advantage, check_methods
 from ..train import compare as train_study
@@ -193,13 +195,13 @@ def _rollout_finished(run: Path, cfg: RolloutConfig) -> bool:
     return (run / "rollout_summary.json").exists()
 
 
-def _run_rollout(cfg: RolloutCompareConfig, spec: str, seed: int, warm: int) -> Path:
+def _run_rollout(cfg: RolloutCompareConfig, spec: str, seed: int, warm: int, position: str = "") -> Path:
     """One method's rollout run on one pair through `rollout`'s runner, or the finished one read."""
     from omegaconf import OmegaConf
 
     run_cfg = _rollout_config(cfg, spec, seed, warm)
     run = Path(run_cfg.out)
-    if not open_run(run, spec, seed, warm, _rollout_finished(run, run_cfg), _rollout_settings(run_cfg)):
+    if not open_run(run, spec, seed, warm, _rollout_finished(run, run_cfg), _rollout_settings(run_cfg), position):
         return run
     rollout_command.run(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)))
     return run
@@ -244,24 +246,72 @@ def rollout_report(cfg: RolloutCompareConfig) -> list[dict]:
 
 
 # -- the jobs ------------------------------------------------------------------------------------------------
-def run_one(cfg: CompareSettings, spec: str, seed: int, warm: int = 0) -> Path:
+Job = tuple[str, int, int]  # (method, seed, warm start)
+
+
+def study_jobs(cfg: CompareSettings) -> list[Job]:
+    """Every (method, seed, warm start) of the study, pair by pair, so a study stopped part-way holds complete
+    pairs."""
+    return [(spec, seed, warm) for warm in cfg.warm_starts for seed in cfg.seeds for spec in cfg.methods]
+
+
+def run_folder(cfg: CompareSettings, spec: str, seed: int, warm: int) -> Path:
+    return Path(cfg.out) / run_dir_name(spec) / pair_name(warm, seed)
+
+
+def run_label(spec: str, seed: int, warm: int) -> str:
+    """What a run's lines start with when runs print at once: its method and its pair, as its folder is named."""
+    return f"{spec} {pair_name(warm, seed)}"
+
+
+def is_finished(cfg: CompareSettings, spec: str, seed: int, warm: int) -> bool:
+    """Whether the run is finished under these settings; ConfigError if its folder holds other settings'."""
+    if cfg.command == "train":
+        return train_study.is_finished(cfg, spec, seed, warm)
+    return _rollout_finished(run_folder(cfg, spec, seed, warm), _rollout_config(cfg, spec, seed, warm))
+
+
+def check_study(cfg: CompareSettings) -> list[Job]:
+    """Every check that can refuse the study before its first run, made before anything is written under `out`
+    (so a refused compare leaves nothing behind): the env builds (a missing corpus or sandbox), and no run folder
+    holds a run of other settings. Returns the jobs still to run (the finished ones are read, not rerun)."""
+    from ..stack.build import build_env
+
+    build_env(cfg.shared.env)
+    return [job for job in study_jobs(cfg) if not is_finished(cfg, *job)]
+
+
+def run_one(cfg: CompareSettings, spec: str, seed: int, warm: int = 0, position: str = "") -> Path:
     """One method's run on one pair, through its command's runner (or read when finished); its directory."""
     if cfg.command == "train":
-        return train_study.run_one(cfg, spec, seed, warm, train_command.run)
-    return _run_rollout(cfg, spec, seed, warm)
+        return train_study.run_one(cfg, spec, seed, warm, train_command.run, position)
+    return _run_rollout(cfg, spec, seed, warm, position)
 
 
-def _run_in_worker(cfg: CompareSettings, spec: str, seed: int, warm: int, threads: int) -> Path:
+def _run_logged(cfg: CompareSettings, job: Job, position: str, labelled: bool) -> Path:
+    """`run_one` with its output also in the run's run.log, each line labelled with the run when `labelled`."""
+    from .run_log import run_output
+
+    with run_output(run_folder(cfg, *job), run_label(*job), labelled):
+        return run_one(cfg, *job, position=position)
+
+
+def _run_in_worker(cfg: CompareSettings, job: Job, position: str, threads: int) -> Path:
     import torch
 
     torch.set_num_threads(threads)
-    return run_one(cfg, spec, seed, warm)
+    return _run_logged(cfg, job, position, labelled=True)
 
 
-def run_all(cfg: CompareSettings) -> None:
-    """Every (pair, method) run, pair by pair; with workers > 1, that many at once in spawned processes of
-    cores // workers torch threads each. The warm starts are built first, here, once each (a build holds a lock
-    too, so a second compare on the same cache waits for it rather than training it again)."""
+def _naming_the_run(err: UserError, job: Job) -> UserError:
+    """The same refusal with the run it came from in front (two runs at once: which one it was)."""
+    try:
+        return type(err)(f"{run_label(*job)}: {err}")
+    except TypeError:  # an error type with another constructor: as it was
+        return err
+
+
+def _ensure_warm_starts(cfg: CompareSettings) -> None:
     from ..lm.warm_start import is_tiny
 
     if is_tiny(cfg.shared.policy.model):
@@ -271,27 +321,68 @@ def run_all(cfg: CompareSettings) -> None:
             start_cfg = copy.deepcopy(cfg.shared)
             start_cfg.policy.model = f"tiny@{warm}"
             ensure_policy(start_cfg)
-    # a study stopped part-way holds complete pairs
-    jobs = [(spec, seed, warm) for warm in cfg.warm_starts for seed in cfg.seeds for spec in cfg.methods]
-    if cfg.workers == 1:
-        for spec, seed, warm in jobs:
-            run_one(cfg, spec, seed, warm)
+
+
+def run_all(cfg: CompareSettings, todo: list[Job] | None = None) -> None:
+    """The runs in `todo` (default: every unfinished one), pair by pair; with workers > 1, that many at once in
+    spawned processes of cores // workers torch threads each, every line they print labelled with its run. Each
+    run's output also goes to run.log in its folder. After each run, one line: runs done of the total and the
+    time left at the pace so far. The warm starts are built first, here, once each (a build holds a lock too, so
+    a second compare on the same cache waits for it rather than training it again)."""
+    from ..rollout.run_loop import duration, time_left
+
+    todo = [job for job in study_jobs(cfg) if not is_finished(cfg, *job)] if todo is None else todo
+    _ensure_warm_starts(cfg)
+    read = len(study_jobs(cfg)) - len(todo)
+    print(
+        f"compare: {len(todo)} runs to go"
+        + (f" ({read} finished ones read, not rerun)" if read else "")
+        + (f", {cfg.workers} at once, each line labelled [method pair]" if cfg.workers > 1 and len(todo) > 1 else "")
+        + "; each run's output also goes to its folder's run.log",
+        file=sys.stderr,
+        flush=True,
+    )
+    start, n = time.monotonic(), len(todo)
+
+    def done_line(k: int) -> None:
+        elapsed = time.monotonic() - start
+        left = time_left(elapsed, k, n)
+        print(f"compare: {k} of {n} runs done in {duration(elapsed)}" + (f", {left}" if left else ""), file=sys.stderr)
+
+    positions = [f"run {i} of {n}" for i in range(1, n + 1)]
+    if cfg.workers == 1 or n <= 1:
+        for k, (job, position) in enumerate(zip(todo, positions), 1):
+            try:
+                _run_logged(cfg, job, position, labelled=False)
+            except UserError as err:
+                raise _naming_the_run(err, job) from None
+            done_line(k)
         return
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     threads = max(1, (os.cpu_count() or 1) // cfg.workers)
     context = multiprocessing.get_context("spawn")  # torch and fork do not mix
     with ProcessPoolExecutor(cfg.workers, mp_context=context) as pool:
-        for done in [pool.submit(_run_in_worker, cfg, spec, seed, warm, threads) for spec, seed, warm in jobs]:
-            done.result()  # the first failure stops the command with its own message
+        futures = {pool.submit(_run_in_worker, cfg, job, p, threads): job for job, p in zip(todo, positions)}
+        for k, done in enumerate(as_completed(futures), 1):
+            try:
+                done.result()
+            except BaseException as err:  # the first failure stops the command: the runs not begun never begin
+                pool.shutdown(wait=True, cancel_futures=True)
+                if isinstance(err, UserError):
+                    raise _naming_the_run(err, futures[done]) from None
+                raise
+            done_line(k)
 
 
 def run(cfg: CompareSettings, yaml_text: str = "") -> list[dict]:
-    """Every run of the study (those finished are read), then its table and plots; returns the table's rows."""
+    """Every run of the study (those finished are read), then its table and plots; returns the table's rows.
+    Every check that can refuse the study comes before anything is written (`check_study`)."""
+    todo = check_study(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if yaml_text:
         (out / "config.yaml").write_text(yaml_text)
-    run_all(cfg)
+    run_all(cfg, todo)
     return train_study.report(cfg) if cfg.command == "train" else rollout_report(cfg)

@@ -52,8 +52,10 @@ def _tokens(records: list[dict]) -> str:
     return f"tokens {sum(r['rollout/generated_tokens'] for r in records):,}"
 
 
-def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
-    """Every method over the same pools; returns the flat records by method and writes them under cfg.out."""
+def run_rollout(cfg: RolloutConfig, yaml_text: str = "") -> dict[str, list[dict]]:
+    """Every method over the same pools; returns the flat records by method and writes them under cfg.out, with
+    `yaml_text` as its config.yaml. Nothing is written before the env and the stack are built, so a refusal
+    there (a missing corpus, a model that cannot load) leaves no directory behind."""
     out = Path(cfg.out)
     spec = build_env(cfg.env)
     warmup = cfg.predictor.warmup_trees()
@@ -65,6 +67,8 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
     stack = build_stack(cfg.policy, spec, cfg.engine, seed=cfg.seed, executor=cfg.executor, ray=cfg.ray)
     tasks = spec.train(cfg.budget.pool * cfg.steps, derive_seed(cfg.seed, "pools"))
     pools = [tasks[i * cfg.budget.pool : (i + 1) * cfg.budget.pool] for i in range(cfg.steps)]
+    if yaml_text:
+        write_config(yaml_text, out)
     writer, preds = MetricsWriter(out / "metrics.jsonl"), MetricsWriter(out / "predictions.jsonl")
     for name in cfg.methods:
         (out / f"trees_{name}.jsonl").unlink(missing_ok=True)
@@ -105,16 +109,17 @@ def run_rollout(cfg: RolloutConfig) -> dict[str, list[dict]]:
 
 def run(cfg: RolloutConfig, yaml_text: str) -> list[dict]:
     """Grow every method's trees, print and write rollout_summary.json / .txt and the plot; returns the rows."""
-    from ..plots import plot_metric
+    from ..plots import plot_metric, plots_available
     from ..rollout.report import format_table, summarize, write_summary
 
     out = Path(cfg.out)
-    write_config(yaml_text, out)
-    results = run_rollout(cfg)
+    results = run_rollout(cfg, yaml_text)
     rows = summarize(results)
     write_summary(out / "rollout_summary", rows, format_table(rows))
-    plot_metric(
-        results, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)"
-    )
-    print(f"\nwrote {out}/config.yaml, rollout_summary.json, metrics.jsonl, predictions.jsonl, effective_ratio.png")
+    files = "config.yaml, rollout_summary.json, metrics.jsonl, predictions.jsonl"
+    if plots_available():
+        title = "Effective ratio (share of mixed trees)"
+        plot_metric(results, "rollout/effective_ratio", out / "effective_ratio.png", title)
+        files += ", effective_ratio.png"
+    print(f"\nwrote {out}/{files}")
     return rows

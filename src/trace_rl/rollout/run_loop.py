@@ -11,8 +11,9 @@ A learner is what follows the step (the `Learner` protocol): `begin_step()` befo
 cached) and `update(result, step)`, which trains the policy on the step's trees and returns what goes under
 `train/` in the record; the loop times it as `timing_s/update`.
 
-`progress_line` is the one per-step progress line of a method's run (steps done, running mean effective ratio,
-and what the command adds: `simulate` the latest accuracy, `rollout` the tokens so far).
+`progress_line` is the one per-step progress line of a method's run (steps done of the total, running mean
+effective ratio, what the command adds: `simulate` the latest accuracy, `rollout` the tokens so far; and the time
+left, `time_left`, which `train`'s step lines and `compare`'s run count print too).
 """
 
 from __future__ import annotations
@@ -109,17 +110,43 @@ class RunLoop:
         return records
 
 
+def duration(seconds: float) -> str:
+    """A time for a person to read: '45s', '3m05s', '2h07m'."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def time_left(elapsed: float, done: int, total: int) -> str:
+    """'about 3m05s left' at the mean pace so far (`elapsed` seconds for `done` of `total` units); '' before the
+    first unit and after the last. An estimate: a slower step, an evaluation or a busier machine moves it."""
+    if done <= 0 or done >= total:
+        return ""
+    return f"about {duration(elapsed / done * (total - done))} left"
+
+
 def progress_line(
-    label: str, steps: int, tail: Callable[[list[dict]], str], width: int = 0
+    label: str,
+    steps: int,
+    tail: Callable[[list[dict]], str],
+    width: int = 0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Callable[[list[dict]], None]:
     """A `RunLoop.progress` that rewrites one stderr line after each step: `label`, steps done of `steps` (the
-    count right-aligned in `width` characters), the running mean effective ratio, then `tail(records)`. The
-    caller ends the line (a newline on stderr) once the method's run is done."""
+    count right-aligned in `width` characters), the running mean effective ratio, `tail(records)`, then the time
+    left at the pace since this was made (`time_left`; `clock` for tests). The caller ends the line (a newline on
+    stderr) once the method's run is done."""
+    start = clock()
 
     def show(records: list[dict]) -> None:
         er = sum(r["rollout/effective_ratio"] for r in records) / len(records)
+        left = time_left(clock() - start, len(records), steps)
         print(
-            f"\r{label} step {len(records):>{width}}/{steps}  effective ratio (running mean) {er:.3f}  {tail(records)}",
+            f"\r{label} step {len(records):>{width}}/{steps}  effective ratio (running mean) {er:.3f}  {tail(records)}"
+            + (f"  {left}" if left else ""),
             end="",
             file=sys.stderr,
             flush=True,

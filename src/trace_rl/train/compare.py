@@ -122,27 +122,36 @@ def _run_config(cfg: Study, spec: str, seed: int, warm: int = 0) -> TrainConfig:
     return run_cfg
 
 
-def open_run(run: Path, spec: str, seed: int, warm: int, done: bool, settings: dict) -> bool:
+def open_run(run: Path, spec: str, seed: int, warm: int, done: bool, settings: dict, position: str = "") -> bool:
     """Whether a study's run is to be run: a finished one (`done`) is said to be read and is not; else its
-    settings are written beside it (run_settings.json) and its start is said."""
+    settings are written beside it (run_settings.json) and its start is said, with its `position` in the study
+    ('run 3 of 12') when given."""
     label = f"{spec}, {'warm start ' + str(warm) + ', ' if warm else ''}seed {seed}"
     if done:
         print(f"== {label}: finished, read from {run}", file=sys.stderr)
         return False
     run.mkdir(parents=True, exist_ok=True)
     (run / RUN_SETTINGS).write_text(dumps(settings, indent=2))
-    print(f"== {label}", file=sys.stderr)
+    sys.stdout.flush()  # the previous run's last lines (stdout) before this header (stderr)
+    print(f"== {label}" + (f" ({position}, in {run})" if position else ""), file=sys.stderr, flush=True)
     return True
 
 
-def run_one(cfg: Study, spec: str, seed: int, warm: int, runner: Callable[..., dict]) -> Path:
+def is_finished(cfg: Study, spec: str, seed: int, warm: int) -> bool:
+    """Whether the study's run of `spec` on the pair is finished under cfg.train; ConfigError (one line) if its
+    folder holds a run of other settings. Reads only: what `compare` checks before it writes anything."""
+    run_cfg = _run_config(cfg, spec, seed, warm)
+    return finished(Path(run_cfg.out), run_cfg)
+
+
+def run_one(cfg: Study, spec: str, seed: int, warm: int, runner: Callable[..., dict], position: str = "") -> Path:
     """Train (or resume, or just find) one method's run on one pair with `runner` (`train`'s, which takes the
     trainer's `before` and `on_before`); returns its directory. The evaluation before training is computed once
     per pair, by the first run that needs it, under a lock that the pair's other runs wait on, and handed to
     them (`before_{pair}.json`)."""
     run_cfg = _run_config(cfg, spec, seed, warm)
     run = Path(run_cfg.out)
-    if not open_run(run, spec, seed, warm, finished(run, run_cfg), run_settings(run_cfg)):
+    if not open_run(run, spec, seed, warm, finished(run, run_cfg), run_settings(run_cfg), position):
         return run
     from omegaconf import OmegaConf
 

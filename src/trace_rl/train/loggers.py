@@ -1,8 +1,10 @@
 """Where a training run's step records go: `logger=[console,jsonl,tensorboard,wandb]` (verl's convention).
 
-`console` prints one line per step, `jsonl` appends the flat record to metrics.jsonl (the one schema of
-`rollout.records`), `tensorboard` and `wandb` are used only when their packages are installed: a sink that is
-asked for but missing is reported in one line and skipped, so a run never dies for want of a dashboard.
+`console` prints one line per step (the step of the run's total, the figures of `CONSOLE_KEYS`, and the time
+left at the pace of the steps logged so far: their rollout, update and evaluation seconds), `jsonl` appends the
+flat record to metrics.jsonl (the one schema of `rollout.records`), `tensorboard` and `wandb` are used only when
+their packages are installed: a sink that is asked for but missing is reported in one line and skipped, so a run
+never dies for want of a dashboard.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..rollout.records import MetricsWriter
+from ..rollout.run_loop import time_left
 
 SINKS = ("console", "jsonl", "tensorboard", "wandb")
 CONSOLE_KEYS = (
@@ -27,15 +30,24 @@ CONSOLE_KEYS = (
 
 class StepLogger:
     """The step records of a run (from step `start`: a resumed run's metrics.jsonl keeps the records of the steps
-    before it and drops those it redoes, `MetricsWriter`) to every sink asked for."""
+    before it and drops those it redoes, `MetricsWriter`) to every sink asked for; `steps`, the run's total, goes
+    into the console line (0: no total, no time left)."""
 
     def __init__(
-        self, sinks: list[str], out: Path, config: dict | None = None, start: int = 0, run_name: str = "trace-rl"
+        self,
+        sinks: list[str],
+        out: Path,
+        config: dict | None = None,
+        start: int = 0,
+        run_name: str = "trace-rl",
+        steps: int = 0,
     ):
         unknown = [s for s in sinks if s not in SINKS]
         if unknown:
             raise ValueError(f"logger: unknown {unknown}; choose from {', '.join(SINKS)}")
         self.sinks, self.out = list(sinks), Path(out)
+        self.start, self.steps = start, steps
+        self.spent, self.logged = 0.0, 0  # seconds of the steps logged by this process, and how many
         self.jsonl = None
         if "jsonl" in sinks:
             self.jsonl = MetricsWriter(self.out / "metrics.jsonl", start, lambda line: print(line, file=sys.stderr))
@@ -75,11 +87,17 @@ class StepLogger:
             self.tb.flush()
         if self.wandb:
             self.wandb.log(numeric, step=step)
+        self.spent += sum(float(record.get(f"timing_s/{k}") or 0.0) for k in ("total", "update", "eval"))
+        self.logged += 1
         if "console" in self.sinks:
-            parts = [f"step {step:>4}"] + [
-                f"{label} {fmt.format(record[k])}" for k, label, fmt in CONSOLE_KEYS if k in record
-            ]
-            print("  ".join(parts), file=sys.stderr, flush=True)
+            print(self.console_line(record, step), file=sys.stderr, flush=True)
+
+    def console_line(self, record: dict, step: int) -> str:
+        """'step   3/40  er 0.412  ...  about 2m10s left': 1-based step of the total, figures, time left."""
+        head = f"step {step:>4}" + (f"/{self.steps}" if self.steps else "")
+        parts = [head] + [f"{label} {fmt.format(record[k])}" for k, label, fmt in CONSOLE_KEYS if k in record]
+        left = time_left(self.spent, self.logged, self.steps - self.start) if self.steps else ""
+        return "  ".join(parts + ([left] if left else []))
 
     def close(self) -> None:
         if self.tb:

@@ -19,6 +19,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..methods import METHODS
 from ..stack.env_config import upgrade_run_settings
 from .checkpoint import setting_differences
@@ -89,7 +90,8 @@ def _added_since_at_default(key: str, stored: dict, current: dict) -> bool:
 
 
 def finished(run: Path, cfg: TrainConfig) -> bool:
-    """True if `run` holds a finished run of `cfg`; raises if it holds a run of other settings."""
+    """True if `run` holds a finished run of `cfg`; ConfigError (a ValueError, one line) if it holds a run of
+    other settings."""
     path = run / RUN_SETTINGS
     if not path.exists():
         return False
@@ -97,7 +99,7 @@ def finished(run: Path, cfg: TrainConfig) -> bool:
     current = run_settings(cfg)
     diff = [k for k in setting_differences(stored, current) if not _added_since_at_default(k, stored, current)]
     if diff:
-        raise ValueError(
+        raise ConfigError(
             f"out: {run} holds a run with other settings (differs in {', '.join(diff)}); "
             "use another out, or the settings it was run with"
         )

@@ -457,7 +457,9 @@ def train(
     records: list[dict] = []
     try:
         # records of steps from the start on are (re)done: the writers drop those a resumed run's files hold
-        with closing(StepLogger(cfg.logger, out, start=run.start, run_name=f"{cfg.method}-seed{cfg.seed}")) as logger:
+        with closing(
+            StepLogger(cfg.logger, out, start=run.start, run_name=f"{cfg.method}-seed{cfg.seed}", steps=cfg.steps)
+        ) as logger:
             before_keys = start_evaluation(run, before, on_before) if run.start == 0 else None
             loop = RunLoop(
                 run.engine,
