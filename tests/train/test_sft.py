@@ -52,3 +52,17 @@ def test_default_trains_by_steps_and_a_cap_reports_an_early_stop():
         model, tok, tasks, max_steps=10_000, params=SFTParams(batch_size=2, max_minutes=1e-6), log_every=0
     )
     assert capped["stopped_early"] and capped["steps"] < 10_000
+
+
+def test_the_progress_line_has_the_total_and_the_time_left_and_changes_no_weight(capsys):
+    weights = []
+    for log_every in (0, 2):
+        model, tok = create_tiny_model(hidden=32, layers=1, heads=2, seed=3)
+        params = SFTParams(batch_size=2, lr=5e-3, warmup_steps=1)
+        train_sft(model, tok, make_tasks(16, seed=2), max_steps=6, params=params, seed=4, log_every=log_every)
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert torch.equal(weights[0], weights[1])  # the line is printing only
+    shown = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    steps = [line for line in shown if line.startswith("sft step")]
+    assert [line.split()[2] for line in steps] == ["2/6", "4/6", "6/6"]
+    assert steps[0].endswith(" left") and " so far" in steps[0] and "left" not in steps[-1]

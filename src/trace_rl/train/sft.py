@@ -113,10 +113,14 @@ def train_sft(
         step += 1
         tokens += int(attn.sum())
         loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
-        if log_every and step % log_every == 0:
+        if log_every and step % log_every == 0:  # printing only: no number here feeds the training
+            from ..rollout.run_loop import duration, time_left
+
             el = time.perf_counter() - start
+            left = time_left(el, step, max_steps)
             print(
-                f"\rsft step {step}  loss {loss_ema:.3f}  {tokens / el:,.0f} tok/s  {el:.0f}s",
+                f"\rsft step {step}/{max_steps}  loss {loss_ema:.3f}  {tokens / el:,.0f} tok/s  {duration(el)} so far"
+                + (f", {left}" if left else ""),
                 end="",
                 file=sys.stderr,
                 flush=True,
