@@ -28,6 +28,7 @@ CORE = {
     "seeding",
     "stats",
     "trace_config",
+    "registry",
     "strict_json",
 }
 # lower ranks first: a module imports only from lower ranks or from its own package
@@ -35,6 +36,7 @@ RANK = {
     "errors": 0,
     "safe_read": 0,
     "plots": 1,
+    "experimental": 1,
     "lm": 1,
     "backends": 2,
     "predictors": 3,
@@ -55,12 +57,15 @@ RANK = {
 # what each unit holds, for the docs' table (a unit missing here fails test_every_unit_is_ranked_and_described)
 HOLDS = {
     "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's and VIP's allocators, "
+    "the registries of strategies, estimators, predictors and methods (`module:attr` of one's own), "
     "methods and TRACE's one configuration (method, advantage, budget, predictor kind and prefix share, weighting), "
     "advantage estimators, step metrics, paired statistics over seeds, named random streams, strict JSON for every file a run writes; numpy only",
     "errors": "the user-error types the command line shows as one line (standard library only)",
     "safe_read": "reading files a damaged disk may have replaced: regular files only, bounded, strict JSON "
     "(standard library only)",
     "plots": "PNG plots of metrics (matplotlib)",
+    "experimental": "the experimental methods and their strategies (research variants: `trace_cost`, `trace_mix`, the "
+    "`active_*` root objectives, ...), named by the core's registries and imported only when chosen",
     "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the warm-start cache; "
     "the KV-cache keyword",
     "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",

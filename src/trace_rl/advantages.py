@@ -23,15 +23,15 @@ recomputed on every call, so advantages always describe the tree as it is (a tre
 On a tree of bare rollouts only (chains) grpo, tree_grpo_nested, treepo (before whitening) and trace reduce
 to plain per-trajectory advantages; tree_grpo adds r, its one-member intra-tree group.
 
-Estimators are registered by name in ADVANTAGES; those that normalise across a step also in BATCH_ADVANTAGES.
+Estimators are registered by name in `registry.ADVANTAGES` (re-exported here); one that normalises across a step
+names its batch function (`Estimator.batch`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
+from .registry import ADVANTAGES, call
 from .tree import ROOT, RolloutTree
 
 EPS = 1e-6
@@ -212,29 +212,15 @@ def trace(
     return out
 
 
-ADVANTAGES: dict[str, Callable[..., dict[str, float]]] = {
-    "grpo": grpo,
-    "tree_grpo": tree_grpo,
-    "tree_grpo_nested": tree_grpo_nested,
-    "treepo": treepo,
-    "trace": trace,
-}
-
-
-# Estimators whose step-level result is not the per-tree one (they normalise across the step).
-BATCH_ADVANTAGES: dict[str, Callable[..., list[dict[str, float]]]] = {"treepo": treepo_batch}
-
-
 def compute_advantages(name: str, tree: RolloutTree, **kwargs) -> dict[str, float]:
     """One tree's advantages; for treepo these are before the step-level whitening."""
-    if name not in ADVANTAGES:
-        raise ValueError(f"unknown advantage estimator {name!r}; choose from {sorted(ADVANTAGES)}")
-    return ADVANTAGES[name](tree, **kwargs)
+    return ADVANTAGES.resolve(name)(tree, **kwargs)
 
 
 def batch_advantages(name: str, trees: list[RolloutTree], **kwargs) -> list[dict[str, float]]:
     """Advantages of every tree of one step, in order: what a policy update consumes. Estimators that
-    normalise across the whole batch (BATCH_ADVANTAGES: treepo's whitening) do it here; the others are per tree."""
-    if name in BATCH_ADVANTAGES:
-        return BATCH_ADVANTAGES[name](list(trees), **kwargs)
-    return [compute_advantages(name, tree, **kwargs) for tree in trees]
+    normalise across the whole batch (`Estimator.batch`: treepo's whitening) do it here; the others are per tree."""
+    estimator = ADVANTAGES.resolve(name)
+    if estimator.batch is not None:
+        return call(estimator.batch, list(trees), **kwargs)
+    return [estimator(tree, **kwargs) for tree in trees]

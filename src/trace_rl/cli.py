@@ -140,8 +140,9 @@ def _probe(cfg) -> None:
 
         probe_policy(policy)
         methods = getattr(cfg, "methods", None) or [getattr(group, "method", "")]
-        probe_predictor(getattr(group, "predictor", None), [m.split(":")[0] for m in methods])
+        probe_predictor(getattr(group, "predictor", None), [method_spec(m)[0] for m in methods])
 
+        from .trace_config import method_spec
 
 def _usage(commands: dict[str, Command]) -> str:
     lines = ["usage: trace-rl COMMAND [--config FILE.yaml] [key=value ...]   (trace-rl COMMAND --help lists keys)", ""]

@@ -30,80 +30,200 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .paths import check_weighting
+from .registry import (
+    ADVANTAGES,
+    PREDICTORS,
+    PREFIXES,
+    ROOTS,
+    Estimator,
+    PredictorEntry,
+    PrefixStrategy,
+    Registry,
+    RootStrategy,
+)
 
 PREFIX_SHARE = 0.5  # share of prefix examples in a predictor batch (paper: about 6%; docs/predictors.md)
-PREDICTOR_KINDS = ("light", "history")  # built-in V~ kinds; the command line also takes an LM critic backbone
+PREDICTOR_RENAMED = {"light_text": "light"}  # a predictor.kind used before, refused with the name to set
+
+
+STATUSES = ("stable", "experimental")  # stable: the paper's methods and baselines; experimental: research variants
 
 
 @dataclass(frozen=True)
 class Method:
-    """One row of a comparison: root strategy x prefix strategy x advantage estimator x predictor."""
+    """One row of a comparison: root strategy x prefix strategy x advantage estimator x predictor, each a registered
+    name (`registry.ROOTS`, `PREFIXES`, `ADVANTAGES`, `PREDICTORS`), a `module:attr` or the entry itself; with
+    its status and, for `trace-rl methods` and the README's table, what it changes and when to use it."""
 
     name: str
-    root: str
-    prefix: str
-    advantage: str
-    predictor: str = "learned"  # which V~ drives the active parts: learned | oracle | history | gp
+    root: Any
+    prefix: Any
+    advantage: Any
+    predictor: Any = ""  # the method's own V~ (PREDICTORS: history, gp, oracle); '' reads predictor.kind
+    status: str = "experimental"  # stable | experimental (STATUSES)
+    changes: str = ""  # what it changes, one line
+    use: str = ""  # when to use it, one line
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"method {self.name}: status must be one of {', '.join(STATUSES)}, got {self.status!r}")
+
+    @property
+    def root_strategy(self) -> RootStrategy:
+        return ROOTS.resolve(self.root)
+
+    @property
+    def prefix_strategy(self) -> PrefixStrategy:
+        return PREFIXES.resolve(self.prefix)
+
+    @property
+    def estimator(self) -> Estimator:
+        return ADVANTAGES.resolve(self.advantage)
+
+    @property
+    def own_predictor(self) -> PredictorEntry | None:
+        """The V~ the method reads whatever `predictor.kind` says (None: the kind's)."""
+        return PREDICTORS.resolve(self.predictor) if self.predictor else None
 
     @property
     def branches(self) -> bool:
-        return self.prefix != "none"
+        return self.prefix_strategy.branches
 
     @property
     def pools_stage2(self) -> bool:
         """Whether stage 2 is one allocation over the step's prompts (`trace_mix`), not one per prompt."""
-        return self.prefix == "mix"
+        return self.prefix_strategy.pooled
 
     @property
     def fixed_rows(self) -> bool:
         """Whether a step's leaves never exceed its rollouts count. Under a cost budget (`trace_cost`) the count of
         continuations varies with their prices, so frameworks whose batches have a fixed number of rows refuse it."""
-        return self.prefix != "cost"
+        return not self.prefix_strategy.priced
 
     @property
     def roots_on_value(self) -> bool:
         """Whether TRACE's root allocator (on V~, or on V~ recalibrated: predictor.root_model) picks the roots."""
-        return self.root == "active" or self.root.startswith("active_")
+        return self.root_strategy.reads_value
+
+    @property
+    def needs_exact_value(self) -> bool:
+        """Whether it reads the exact V that only the testbed has (`trace_oracle`)."""
+        own = self.own_predictor
+        return own is not None and own.exact
 
 
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in [
-        Method("grpo", "uniform", "none", "grpo"),
-        Method("pcl", "pcl", "none", "grpo"),
-        Method("knapsack_rl", "knapsack", "none", "grpo", predictor="history"),
-        Method("knapsack_rl_repaired", "knapsack_repaired", "none", "grpo", predictor="history"),
-        # VIP's allocator (its trainer's RLOO rule, 1 <= n <= 32) on its Gaussian-process predictor; trained with
-        # the GRPO estimator, as the other flat baselines are, so the rows differ in allocation only
-        Method("vip", "vip", "none", "grpo", predictor="gp"),
-        Method("treepo", "uniform", "random", "treepo"),
-        Method("tree_grpo", "uniform", "random", "tree_grpo"),
-        Method("trace", "active", "active", "trace"),
-        Method("trace_oracle", "active", "active", "trace", predictor="oracle"),
-        Method("trace_uniform", "uniform", "random", "trace"),
-        Method("trace_root_only", "active", "random", "trace"),
-        Method("trace_prefix_only", "uniform", "active", "trace"),
-        # PCL's root allocation under TRACE's prefix stage and estimator: the tree estimator where PCL applies
-        Method("trace_pcl_root", "pcl", "active", "trace"),
-        # TRACE with a root objective weighted by what a group teaches (root_objectives.py): expected rows with a
-        # non-zero advantage, the expected std-scaled step, the expected unscaled step
-        Method("trace_rows", "active_rows", "active", "trace"),
-        Method("trace_grad", "active_grad", "active", "trace"),
-        Method("trace_grad_unscaled", "active_grad_unscaled", "active", "trace"),
-        # TRACE with stage 2 under a cost budget: each prompt's continuations buy what its share of whole rollouts
-        # would cost (tokens on an LM, turns on the testbed), each at its own price (allocation: under cost)
-        Method("trace_cost", "active", "cost", "trace"),
-        # TRACE with stage 2 pooled over the step's prompts, spent on making trees whose bare rollouts agree
-        # mixed (allocation.allocate_tree_mixing; a barrier after the bare rollouts, local executor only)
-        Method("trace_mix", "active", "mix", "trace"),
-    ]
-}
+def _stable(name: str, root: str, prefix: str, advantage: str, changes: str, use: str, predictor: str = "") -> Method:
+    return Method(name, root, prefix, advantage, predictor, "stable", changes, use)
 
 
-def get_method(name: str) -> Method:
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
-    return METHODS[name]
+_BASELINE = "a baseline as its authors' code computes it (docs/baselines.md)"
+_ABLATION = "an ablation of TRACE: what this stage buys"
+_X = "trace_rl.experimental.methods"
+# stable first (the paper's TRACE, its ablations, the testbed oracle, the baselines); the experimental variants are
+# imported only when one is chosen or listed
+METHODS: Registry[Method] = Registry(
+    "method",
+    Method,
+    {
+        **{
+            m.name: m
+            for m in [
+                _stable(
+                    "trace",
+                    "active",
+                    "active",
+                    "trace",
+                    "V~ picks the roots, stage 2 branches where an outcome may flip, tree advantages",
+                    "the default: TRACE as the paper states it",
+                ),
+                _stable(
+                    "trace_uniform",
+                    "uniform",
+                    "random",
+                    "trace",
+                    "TRACE's tree and advantages with uniform roots and random branch points",
+                    _ABLATION,
+                ),
+                _stable(
+                    "trace_root_only", "active", "random", "trace", "TRACE's roots, random branch points", _ABLATION
+                ),
+                _stable("trace_prefix_only", "uniform", "active", "trace", "uniform roots, TRACE's stage 2", _ABLATION),
+                _stable(
+                    "trace_oracle",
+                    "active",
+                    "active",
+                    "trace",
+                    "TRACE on the exact V instead of V~",
+                    "the testbed only: the ceiling a perfect predictor gives",
+                    predictor="oracle",
+                ),
+                _stable("grpo", "uniform", "none", "grpo", "flat groups of n rollouts per prompt", _BASELINE),
+                _stable("pcl", "pcl", "none", "grpo", "flat groups on the prompts with V~ nearest 1/2", _BASELINE),
+                _stable(
+                    "knapsack_rl",
+                    "knapsack",
+                    "none",
+                    "grpo",
+                    "Knapsack RL's rollouts per prompt on each prompt's reward history",
+                    _BASELINE,
+                    predictor="history",
+                ),
+                # VIP's allocator (its trainer's RLOO rule, 1 <= n <= 32) on its Gaussian-process predictor; trained
+                # with the GRPO estimator, as the other flat baselines are, so the rows differ in allocation only
+                _stable(
+                    "vip",
+                    "vip",
+                    "none",
+                    "grpo",
+                    "VIP's rollouts per prompt on its Gaussian-process predictor",
+                    _BASELINE,
+                    predictor="gp",
+                ),
+                _stable("treepo", "uniform", "random", "treepo", "TreePO's random branching and advantages", _BASELINE),
+                _stable(
+                    "tree_grpo",
+                    "uniform",
+                    "random",
+                    "tree_grpo",
+                    "Tree-GRPO's random branching and advantages",
+                    _BASELINE,
+                ),
+            ]
+        },
+        **{
+            name: f"{_X}:{name.upper()}"
+            for name in (
+                "knapsack_rl_repaired",
+                "trace_pcl_root",
+                "trace_rows",
+                "trace_grad",
+                "trace_grad_unscaled",
+                "trace_cost",
+                "trace_mix",
+            )
+        },
+    },
+)
+
+
+def get_method(name: Any) -> Method:
+    """The method `name` stands for (a registered name, module:attr, or a `Method`), or one ValueError line."""
+    return METHODS.resolve(name)
+
+
+def register_method(method: Method, name: str | None = None) -> Method:
+    """Make `method` selectable by name in this process (`method=NAME`); returns it, so it can decorate."""
+    return METHODS.register(method, name)
+
+
+def method_spec(spec: str) -> tuple[str, str]:
+    """(method, advantage) of compare's `method[:advantage]`, where the method may be `module:attr`: the part
+    before the first ':' is a method name when the registry knows it, else a module (`mod:attr[:advantage]`)."""
+    head, _, rest = spec.partition(":")
+    if head in METHODS or not rest:
+        return head, rest
+    attr, _, advantage = rest.partition(":")
+    return f"{head}:{attr}", advantage
 
 
 @dataclass(frozen=True)
@@ -144,37 +264,50 @@ class BudgetPlan:
 # ---- the checks: each names its key (the last name, which the command line's loader qualifies with its group)
 
 
-def check_method(name: str, key: str = "method", oracle: bool = True) -> Method:
-    """A known method; `oracle=False` where no exact V exists (LM agents, verl, TRL)."""
-    allowed = [m for m in METHODS if oracle or METHODS[m].predictor != "oracle"]
-    if name not in allowed:
-        why = " (it needs the exact V that only the testbed has: trace-rl simulate)" if name in METHODS else ""
-        raise ValueError(f"{key}: unknown {name!r}{why}; choose from {', '.join(allowed)}")
-    return METHODS[name]
+def _allowed(oracle: bool) -> list[str]:
+    return [m for m in METHODS if oracle or not METHODS[m].needs_exact_value]
+
+
+def check_method(name: Any, key: str = "method", oracle: bool = True) -> Method:
+    """A known method (a name, module:attr or a `Method`); `oracle=False` where no exact V exists (LM agents, verl,
+    TRL)."""
+    try:
+        method = METHODS.resolve(name)
+    except ValueError:
+        raise ValueError(
+            f"{key}: unknown {name!r}; choose from {', '.join(_allowed(oracle))}, or module:attr"
+        ) from None
+    if not oracle and method.needs_exact_value:
+        raise ValueError(
+            f"{key}: unknown {name!r} (it needs the exact V that only the testbed has: trace-rl simulate); choose "
+            f"from {', '.join(_allowed(oracle))}"
+        )
+    return method
 
 
 def check_methods(names: Sequence[str], key: str = "methods", oracle: bool = True) -> None:
     """A non-empty list of known, distinct methods (a repeat would run, and be reported, twice)."""
     if not names:
         raise ValueError(f"{key}: none given; choose from {', '.join(METHODS)}")
-    unknown = [m for m in names if m not in METHODS or not (oracle or METHODS[m].predictor != "oracle")]
+    unknown = [m for m in names if m not in METHODS or not (oracle or not METHODS[m].needs_exact_value)]
     if unknown:
-        allowed = [m for m in METHODS if oracle or METHODS[m].predictor != "oracle"]
         why = " (oracle methods need the exact V of the testbed)" if any(m in METHODS for m in unknown) else ""
-        raise ValueError(f"{key}: unknown {unknown}{why}; choose from {', '.join(allowed)}")
+        raise ValueError(f"{key}: unknown {unknown}{why}; choose from {', '.join(_allowed(oracle))}")
     repeated = sorted({m for m in names if list(names).count(m) > 1})
     if repeated:
         raise ValueError(f"{key}: {', '.join(repeated)} given more than once; list each method once")
 
 
 def check_advantage(name: str, key: str = "advantage") -> None:
-    """An advantage estimator by name, or '' for the method's own."""
+    """An advantage estimator by name or module:attr, or '' for the method's own."""
     if not name:
         return
-    from .advantages import ADVANTAGES  # the estimator table (numpy), read only when a name is given
-
-    if name not in ADVANTAGES:
-        raise ValueError(f"{key}: unknown {name!r}; choose from {', '.join(ADVANTAGES)} (or '' for the method's own)")
+    try:
+        ADVANTAGES.resolve(name)
+    except ValueError:
+        raise ValueError(
+            f"{key}: unknown {name!r}; choose from {', '.join(ADVANTAGES)}, module:attr (or '' for the method's own)"
+        ) from None
 
 
 def check_prefix_share(value: float, key: str = "prefix_share") -> None:
@@ -182,19 +315,36 @@ def check_prefix_share(value: float, key: str = "prefix_share") -> None:
         raise ValueError(f"{key} must be in [0, 1), got {value!r}")
 
 
+def predictor_kinds() -> list[str]:
+    """The registered V~ that `predictor.kind` takes by name (the others are a method's own: VIP's GP, the oracle)."""
+    return [name for name in PREDICTORS if PREDICTORS[name].kind]
+
+
 def check_predictor_kind(kind: str, key: str = "kind", critics: Sequence[str] | None = None) -> None:
-    """light | history, or with `critics` (the named LM critic backbones of the command line) also one of them,
-    an existing path or a hub id (org/name); None: no LM critic here (verl, TRL)."""
+    """A registered kind (light | history | one registered) or module:attr, or with `critics` (the named LM critic
+    backbones of the command line) also one of them, an existing path or a hub id (org/name); None: no LM critic
+    here (verl, TRL)."""
+    kinds = predictor_kinds()
     if not isinstance(kind, str) or not kind:
-        raise ValueError(f"{key}: must be a name ({', '.join(PREDICTOR_KINDS)}), got {kind!r}")
-    if kind in PREDICTOR_KINDS:
+        raise ValueError(f"{key}: must be a name ({', '.join(kinds)}), got {kind!r}")
+    if kind in PREDICTOR_RENAMED:  # the integrations' names before one configuration
+        raise ValueError(
+            f"{key}: {kind!r} is now called {PREDICTOR_RENAMED[kind]!r}; set {key}={PREDICTOR_RENAMED[kind]}"
+        )
+    if kind in PREDICTORS and PREDICTORS[kind].kind:
         return
-    if kind == "light_text":  # the integrations' name before one configuration
-        raise ValueError(f"{key}: 'light_text' is now called 'light' (the same predictor); set {key}=light")
+    if ":" in kind and ":/" not in kind:  # module:attr of one's own: its error names the module or the attribute
+        try:
+            entry = PREDICTORS.resolve(kind)
+        except ValueError as err:
+            raise ValueError(f"{key}: {err}") from None
+        if not entry.kind:
+            raise ValueError(f"{key}: {kind!r} is a method's own predictor, not a choice of {key}")
+        return
     if critics is not None and (kind in critics or Path(kind).exists() or str(kind).count("/") == 1):
         return
     shown = f", an LM critic backbone ({', '.join(critics)}, an existing path or a hub id org/name)" if critics else ""
-    raise ValueError(f"{key}: {kind!r} is not {' or '.join(PREDICTOR_KINDS)}{shown}")
+    raise ValueError(f"{key}: {kind!r} is not {' or '.join(kinds)}{shown} (or module:attr)")
 
 
 @dataclass(frozen=True)
@@ -229,7 +379,7 @@ class TraceConfig:
 
     @property
     def method_spec(self) -> Method:
-        return METHODS[self.method]
+        return METHODS.resolve(self.method)
 
     @property
     def advantage_name(self) -> str:

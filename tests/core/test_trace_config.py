@@ -61,7 +61,7 @@ def test_batch_plan_is_the_frameworks_plan():
 @pytest.mark.parametrize(
     "check, args, message",
     [
-        (check_method, ("nope",), "method: unknown 'nope'; choose from grpo"),
+        (check_method, ("nope",), "method: unknown 'nope'; choose from trace"),
         (check_method, ("trace_oracle", "method", False), "exact V"),
         (check_methods, ([],), "methods: none given"),
         (check_methods, (["grpo", "trace", "grpo"],), "methods: grpo given more than once"),

@@ -25,13 +25,14 @@ while a process runs is not re-read.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import keyword
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
 import numpy as np
+
+from ..registry import load_target
 
 ENTRY_POINT_GROUP = "trace_rl.envs"
 # the built-ins, as entry points are written: imported only when chosen
@@ -135,27 +136,6 @@ def as_plugin(obj: Any, where: str) -> EnvPlugin:
     )
 
 
-def _load(target: str) -> Any:
-    """`module:attr` imported; one line for a module that is not there or has no such attribute."""
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"{target!r} is not module:attr")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        # the module itself (or its package) is missing, not something it imports
-        if err.name and (module_name == err.name or module_name.startswith(err.name + ".")):
-            raise ValueError(f"no module {module_name!r} on the Python path (from {target!r})") from None
-        raise
-    try:
-        obj = module
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise ValueError(f"module {module_name} has no {attr!r}") from None
-    return obj
-
-
 def resolve_env(name: str) -> EnvPlugin:
     """The plug-in `name` stands for (registered, built-in, entry point or module:attr; see the module's doc), or
     one ValueError line saying what is registered. An import error inside an existing plug-in module is raised as
@@ -165,11 +145,11 @@ def resolve_env(name: str) -> EnvPlugin:
     if name in _REGISTERED:
         plugin = _REGISTERED[name]
     elif name in BUILTINS:
-        plugin = as_plugin(_load(BUILTINS[name]), BUILTINS[name])
+        plugin = as_plugin(load_target(BUILTINS[name]), BUILTINS[name])
     elif name in (eps := _entry_points()):
         plugin = as_plugin(eps[name].load(), f"the entry point {name} ({eps[name].value})")
     elif ":" in name:
-        plugin = as_plugin(_load(name), name)
+        plugin = as_plugin(load_target(name), name)
     else:
         raise ValueError(
             f"unknown env {name!r}; registered: {', '.join(registered_envs())}; or module:attr for an environment "

@@ -33,7 +33,7 @@ from ..predictors.base import Predictor, training_examples
 from ..predictors.flip import FlipCalibrator, flip_observations
 from ..predictors.root_calibration import RootCalibrator, root_observations
 from ..seeding import derive_rng, derive_seed
-from ..trace_config import PREFIX_SHARE, check_prefix_share
+from ..trace_config import PREFIX_SHARE, check_prefix_share, method_spec
 from ..tree import BARE, RolloutTree, TurnNode
 from .grow import TIMERS, Actor, Clock, PooledStage2, PromptJob, PromptResult, StepContext, grow_prompt, lockstep
 
@@ -87,7 +87,7 @@ def check_executor(kind: str, key: str = "executor", methods: Sequence[str] = ()
     a method whose stage 2 is pooled over a step's prompts (`trace_mix`) needs them all in this process."""
     if kind not in EXECUTORS:
         raise ValueError(f"{key} must be one of {', '.join(EXECUTORS)}, got {kind!r}")
-    pooled = [m for m in methods if METHODS.get(m.split(":")[0]) and METHODS[m.split(":")[0]].pools_stage2]
+    pooled = [m for m in methods if (name := method_spec(m)[0]) in METHODS and METHODS[name].pools_stage2]
     if kind != "local" and pooled:
         raise ValueError(f"{key}={kind}: {', '.join(pooled)} pools stage 2 over a step's prompts; it needs {key}=local")
 

@@ -219,7 +219,7 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
             k, out.unspent_prefix_budget = await ctx.stage2_pool.allocate(i, not tree.is_mixed(), q, budget)
             t1 = time.perf_counter()
         else:
-            cost, rollout_cost = tree.anchor_costs() if method.prefix == "cost" else (None, None)
+            cost, rollout_cost = tree.anchor_costs() if method.prefix_strategy.priced else (None, None)
             rng = derive_rng(ctx.seed, "prefixes", ctx.step, i)
             k = allocate_method_prefixes(method, q, budget, rng, cost, rollout_cost)
         branches, parents = [], []

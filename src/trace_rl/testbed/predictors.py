@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..predictors import OnlineLogisticPredictor, Prefix
+from ..predictors import OnlineLogisticPredictor, Prefix, RewardHistoryPredictor
 from ..predictors.embedders import unit_rows
 from ..predictors.gp import GaussianProcessPredictor
 from ..tree import RolloutTree
@@ -103,3 +103,18 @@ class RootFeatureEmbedder:
 def vip_predictor(config: TestbedConfig, tasks: dict[int, TestbedTask]) -> GaussianProcessPredictor:
     """VIP's Gaussian process (upstream's kernel, length scale and prior) over `RootFeatureEmbedder`."""
     return GaussianProcessPredictor(RootFeatureEmbedder(config, tasks))
+
+
+# ---- what registry.PREDICTORS names as each entry's testbed builder: (env, tasks, policy, settings, seed) -> V~
+
+
+def oracle_predictor(config: TestbedConfig, tasks: dict, policy: SoftmaxPolicy, settings, seed: int):
+    return OraclePredictor(tasks, policy)
+
+
+def history_predictor(config: TestbedConfig, tasks: dict, policy: SoftmaxPolicy, settings, seed: int):
+    return RewardHistoryPredictor()
+
+
+def gp_predictor(config: TestbedConfig, tasks: dict, policy: SoftmaxPolicy, settings, seed: int):
+    return vip_predictor(config, tasks)

@@ -28,9 +28,9 @@ import numpy as np
 from ..advantages import batch_advantages
 from ..methods import BudgetPlan, Method, get_method
 from ..paths import turn_rows
-from ..predictors import RewardHistoryPredictor
 from ..predictors.flip import FLIP_MODELS, make_flip_model
 from ..predictors.root_calibration import ROOT_MODELS, make_root_model
+from ..registry import call
 from ..rollout.engine import TreeRolloutEngine, check_executor, make_executor
 from ..rollout.ray_executor import RayConfig
 from ..rollout.records import MetricsWriter, read_metrics
@@ -40,7 +40,7 @@ from ..trace_config import PREFIX_SHARE, check_methods, check_prefix_share
 from .actor import TestbedActor
 from .env import TestbedConfig, TestbedTask, make_tasks
 from .policy import SoftmaxPolicy
-from .predictors import OraclePredictor, learned_predictor, vip_predictor
+from .predictors import learned_predictor
 
 DEFAULT_METHODS = ["grpo", "pcl", "knapsack_rl", "treepo", "tree_grpo", "trace", "trace_oracle"]
 ABLATION_METHODS = ["trace_uniform", "trace_root_only", "trace_prefix_only", "trace", "trace_oracle"]
@@ -192,12 +192,9 @@ def method_loop(
     tasks = {t.index: t for t in train + evals}
     policy = SoftmaxPolicy(env, cfg.policy.warm_start)
     data_rng = derive_rng(seed, "data")  # the same prompt order for every method
-    if method.predictor == "oracle":
-        predictor = OraclePredictor(tasks, policy)
-    elif method.predictor == "history":
-        predictor = RewardHistoryPredictor()
-    elif method.predictor == "gp":
-        predictor = vip_predictor(env, tasks)
+    own = method.own_predictor  # the method's own V~, if its entry builds one here; else the learned logistic
+    if own is not None and own.testbed is not None:
+        predictor = call(own.testbed, env, tasks, policy, cfg.predictor, seed)
     else:
         predictor = learned_predictor(env, tasks, lr=cfg.predictor.lr, seed=seed)
     engine = TreeRolloutEngine(

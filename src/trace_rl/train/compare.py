@@ -63,6 +63,7 @@ from ..rollout.report import (
 )
 from ..stack.env_config import upgrade_run_settings
 from ..strict_json import dumps
+from ..trace_config import method_spec
 from .checkpoint import checkpoints
 from .run_settings import RUN_SETTINGS, finished, run_settings, start_settings
 from .trainer import TrainConfig
@@ -75,9 +76,9 @@ FIRST_EVALUATION_SEED = 100
 
 
 def parse_method(spec: str) -> tuple[str, str]:
-    """'trace' -> ('trace', ''); 'trace:grpo' -> ('trace', 'grpo'): allocation and advantage estimator."""
-    name, _, advantage = spec.partition(":")
-    return name, advantage
+    """'trace' -> ('trace', ''); 'trace:grpo' -> ('trace', 'grpo'): allocation and advantage estimator; a method of
+    one's own as module:attr[:advantage] (`trace_config.method_spec`)."""
+    return method_spec(spec)
 
 
 def run_dir_name(spec: str) -> str:
