@@ -137,12 +137,11 @@ def _probe(cfg) -> None:
     if isinstance(policy, LMPolicyConfig):
         from .predictors.build import probe_predictor
         from .stack.build import probe_policy
+        from .trace_config import method_spec
 
         probe_policy(policy)
         methods = getattr(cfg, "methods", None) or [getattr(group, "method", "")]
         probe_predictor(getattr(group, "predictor", None), [method_spec(m)[0] for m in methods])
-
-        from .trace_config import method_spec
 
 def _usage(commands: dict[str, Command]) -> str:
     lines = ["usage: trace-rl COMMAND [--config FILE.yaml] [key=value ...]   (trace-rl COMMAND --help lists keys)", ""]
