@@ -306,3 +306,32 @@ def test_a_run_whose_env_settings_predate_plugins_is_read_and_another_mix_refuse
     wide = TrainConfig(steps=4, env=env_config("calculator", preset="rl"))
     with pytest.raises(ValueError, match=r"other settings \(differs in env.calculator.preset\)"):
         compare_command.run(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0], train=wide))
+
+
+def test_a_study_says_what_it_runs_logs_each_run_in_its_folder_and_skips_plots_in_one_line(
+    tmp_path, monkeypatch, capsys, built_warm_starts
+):
+    import sys
+
+    from trace_rl.plots import SKIPPED
+
+    calls = []
+    monkeypatch.setattr(train_command, "run", _fake_train(calls))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed: the study still finishes
+    cfg = CompareConfig(out=str(tmp_path), methods=["grpo", "trace"], seeds=[100], train=TrainConfig(steps=4))
+    compare_command.run(cfg)
+    got = capsys.readouterr()
+    err = got.err.splitlines()
+    assert err[0] == "compare: 2 runs to go; each run's output also goes to its folder's run.log"
+    assert err[1] == f"== grpo, seed 100 (run 1 of 2, in {tmp_path / 'grpo' / 'seed100'})"
+    assert err[2].startswith("compare: 1 of 2 runs done in ") and err[2].endswith(" left")
+    assert err[3].startswith("== trace, seed 100 (run 2 of 2, in ")
+    assert err[4].startswith("compare: 2 of 2 runs done in ") and "left" not in err[4]
+    assert got.err.count(SKIPPED) == 1 and not list(tmp_path.glob("*.png"))
+    assert got.out.splitlines()[-1] == (
+        f"wrote {tmp_path}/compare_summary.json, compare_summary.txt; each run's folder holds its run.log"
+    )
+    assert "== grpo, seed 100" in (tmp_path / "grpo" / "seed100" / "run.log").read_text()
+    compare_command.run(cfg)  # again: both finished, read
+    assert capsys.readouterr().err.startswith("compare: 0 runs to go (2 finished ones read, not rerun)")
+    assert len(calls) == 2

@@ -231,17 +231,20 @@ def load_rollout_runs(cfg: RolloutCompareConfig) -> dict[str, list[dict]]:
 def rollout_report(cfg: RolloutCompareConfig) -> list[dict]:
     """The rollout study's table over every finished run under cfg.out, printed and written as
     compare_summary.json / .txt, with the effective-ratio plot (seed bands); returns the rows."""
-    from ..plots import plot_metric
+    from ..plots import plot_metric, plots_available
     from ..rollout.report import format_over_seeds, summarize_over_seeds, write_summary
 
     out = Path(cfg.out)
     runs = load_rollout_runs(cfg)
     rows = summarize_over_seeds(runs)
     write_summary(out / "compare_summary", rows, format_over_seeds(rows))
-    per_seed = {m: [s["records"] for s in seeds] for m, seeds in runs.items()}
-    title = "Effective ratio per step (mean and seed band)"
-    plot_metric(per_seed, "rollout/effective_ratio", out / "effective_ratio.png", title, smooth=3)
-    print(f"\nwrote {out}/compare_summary.json, compare_summary.txt, effective_ratio.png")
+    files = "compare_summary.json, compare_summary.txt"
+    if plots_available():  # else one line says they were skipped
+        per_seed = {m: [s["records"] for s in seeds] for m, seeds in runs.items()}
+        title = "Effective ratio per step (mean and seed band)"
+        plot_metric(per_seed, "rollout/effective_ratio", out / "effective_ratio.png", title, smooth=3)
+        files += ", effective_ratio.png"
+    print(f"\nwrote {out}/{files}; each run's folder holds its run.log")
     return rows
 
 

@@ -76,18 +76,20 @@ def run(cfg: EvalConfig, yaml_text: str) -> list[dict]:
     engine = stack.engine()  # evaluates only: no predictor, no budget
     rows = []
     out = Path(cfg.out) if cfg.out else None
-    if out:
-        write_config(yaml_text, out)
-        (out / "samples.jsonl").write_text("")
     try:
-        for bench in benches:
-            tasks = spec.benchmarks[bench](cfg.limit or None)
-            try:  # the model against the tasks, before any generation
+        bench_tasks = {bench: spec.benchmarks[bench](cfg.limit or None) for bench in benches}
+        for bench, tasks in bench_tasks.items():  # the model against every benchmark's tasks, before any output
+            try:
                 check_context(engine.actor, tasks, bench)
             except ValueError as err:
                 raise ConfigError(f"policy.model: {err}") from None
+        if out:
+            write_config(yaml_text, out)
+            (out / "samples.jsonl").write_text("")
+        for i, (bench, tasks) in enumerate(bench_tasks.items(), 1):
             results: list = []
-            res = evaluate(engine, tasks, samples=samples, ks=tuple(cfg.k), seed=cfg.seed, label=bench, results=results)
+            label = f"{bench} (benchmark {i} of {len(bench_tasks)})" if len(bench_tasks) > 1 else bench
+            res = evaluate(engine, tasks, samples=samples, ks=tuple(cfg.k), seed=cfg.seed, label=label, results=results)
             rows.append({"benchmark": bench, **res})
             if out:
                 with open(out / "samples.jsonl", "a", encoding="utf-8") as fh:

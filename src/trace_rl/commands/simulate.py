@@ -20,7 +20,7 @@ def baseline_of(ran, methods: list[str]) -> str:
 
 def run(cfg: SimulateConfig, yaml_text: str) -> list[dict]:
     """Run every seed, print and write summary.json / summary.txt and the plots; returns the summary rows."""
-    from ..plots import per_seed, plot_metric
+    from ..plots import per_seed, plot_metric, plots_available
     from ..rollout.report import average_runs, format_table, summarize
     from ..testbed.report import format_seed_table, plot_accuracy_vs_cost, seed_statistics
     from ..testbed.simulate import run_seeds
@@ -50,16 +50,15 @@ def run(cfg: SimulateConfig, yaml_text: str) -> list[dict]:
     print(table)
     (out / "summary.json").write_text(dumps(rows, indent=2))
     (out / "summary.txt").write_text(table + "\n")
-    per = per_seed(runs) if len(seeds) > 1 else results
-    plot_metric(
-        per, "rollout/effective_ratio", out / "effective_ratio.png", "Effective ratio (share of mixed trees)", smooth=5
-    )
-    plot_metric(per, "eval/accuracy", out / "accuracy.png", "Exact held-out accuracy")
-    plot_accuracy_vs_cost(runs, out / "accuracy_vs_rollouts.png")
-    plot_accuracy_vs_cost(runs, out / "accuracy_vs_turns.png", cost="turns")
+    pngs = ""
+    if plots_available():  # else one line says they were skipped
+        per = per_seed(runs) if len(seeds) > 1 else results
+        title = "Effective ratio (share of mixed trees)"
+        plot_metric(per, "rollout/effective_ratio", out / "effective_ratio.png", title, smooth=5)
+        plot_metric(per, "eval/accuracy", out / "accuracy.png", "Exact held-out accuracy")
+        plot_accuracy_vs_cost(runs, out / "accuracy_vs_rollouts.png")
+        plot_accuracy_vs_cost(runs, out / "accuracy_vs_turns.png", cost="turns")
+        pngs = ", effective_ratio.png, accuracy.png, accuracy_vs_rollouts.png, accuracy_vs_turns.png"
     where = ", ".join(f"{out}/seed{s}/metrics.jsonl" for s in seeds) if len(seeds) > 1 else f"{out}/metrics.jsonl"
-    print(
-        f"\nwrote {out}/config.yaml, {where}, {out}/summary.json, effective_ratio.png, accuracy.png, "
-        "accuracy_vs_rollouts.png, accuracy_vs_turns.png"
-    )
+    print(f"\nwrote {out}/config.yaml, {where}, {out}/summary.json{pngs}")
     return rows

@@ -209,8 +209,13 @@ def report(cfg: Study) -> list[dict]:
         print(f"warning: {problem}", file=sys.stderr)
     rows = summarize_compare(runs)
     write_summary(out / "compare_summary", rows, format_compare(rows))
-    plot_compare(runs, out)
-    print(f"\nwrote {out}/compare_summary.json, accuracy_vs_rollouts.png, accuracy_vs_tokens.png, chain.png")
+    from ..plots import plots_available
+
+    files = "compare_summary.json, compare_summary.txt"
+    if plots_available():  # else one line says they were skipped
+        plot_compare(runs, out)
+        files += ", accuracy_vs_rollouts.png, accuracy_vs_tokens.png, effective_ratio.png, chain.png"
+    print(f"\nwrote {out}/{files}; each run's folder holds its run.log")
     return rows
 
 
