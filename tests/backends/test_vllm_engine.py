@@ -11,7 +11,7 @@ log-softmax, the trainer's formula) on the same weights; a weight sync reaches t
 weights change the outputs, the prompt is prefilled again and its log-probs are those of the NEW weights, so
 no KV of the old weights is served; restoring the weights restores the output); the sync is direct, writes no
 file, and serves the same weights as the file path, bit for bit; rows of a TRACE step that
-share a prompt hit vLLM's prefix cache. Figures (the gap, tokens/s, the hit rate) come from bench/gpu_smoke.py.
+share a prompt hit vLLM's prefix cache. Figures (the gap, tokens/s, the hit rate) come from bench/gpu_check_vllm.py.
 """
 
 import os

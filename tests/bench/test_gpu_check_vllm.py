@@ -1,4 +1,4 @@
-"""bench/gpu_smoke.py's comparison of the HF step against the vLLM step (check 4), without vLLM or a GPU."""
+"""bench/gpu_check_vllm.py's comparison of the HF step against the vLLM step (check 4), without vLLM or a GPU."""
 
 import importlib.util
 import math
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_smoke.py"
-_spec = importlib.util.spec_from_file_location("gpu_smoke", SCRIPT)
-gpu_smoke = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu_smoke)  # runs nothing: main() is behind __name__ == "__main__"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check_vllm.py"
+_spec = importlib.util.spec_from_file_location("gpu_check_vllm", SCRIPT)
+vllm_part = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vllm_part)  # defines functions only
 
 
 def figures(rollouts, tokens, reward):
@@ -19,19 +19,19 @@ def figures(rollouts, tokens, reward):
 
 def test_two_samples_of_one_policy_pass():
     # the CPU run in docs/engines.md: 4,750 tokens on vLLM, 5,266 on HF over the same plan
-    results = gpu_smoke.compare_steps(figures(32, 4750, 0.0), figures(32, 5266, 0.0))
+    results = vllm_part.compare_steps(figures(32, 4750, 0.0), figures(32, 5266, 0.0))
     assert [ok for ok, _ in results] == [True, True]
     assert "1.11x" in results[0][1]
 
 
 def test_a_backend_that_lost_its_context_fails_both_ways():
     # HF with a dropped KV cache: 6,092 tokens against vLLM's 1,056, reward 0 against vLLM's
-    (tokens_ok, tokens_what), (reward_ok, reward_what) = gpu_smoke.compare_steps(
+    (tokens_ok, tokens_what), (reward_ok, reward_what) = vllm_part.compare_steps(
         figures(32, 1056, 0.5), figures(32, 6092, 0.0)
     )
     assert not tokens_ok and "5.77x" in tokens_what
     assert not reward_ok and "0.000 vs 0.500" in reward_what
-    assert not gpu_smoke.compare_steps(figures(32, 6092, 0.5), figures(32, 1056, 0.5))[0][0]  # too few, too
+    assert not vllm_part.compare_steps(figures(32, 6092, 0.5), figures(32, 1056, 0.5))[0][0]  # too few, too
 
 
 @pytest.mark.parametrize(
@@ -46,11 +46,11 @@ def test_a_backend_that_lost_its_context_fails_both_ways():
     ],
 )
 def test_the_stated_bounds(vllm, hf, passed):
-    assert [ok for ok, _ in gpu_smoke.compare_steps(vllm, hf)] == passed
+    assert [ok for ok, _ in vllm_part.compare_steps(vllm, hf)] == passed
 
 
 def test_no_rollouts_is_one_failure():
-    assert gpu_smoke.compare_steps(figures(0, 0, math.nan), figures(4, 40, 0.0)) == [
+    assert vllm_part.compare_steps(figures(0, 0, math.nan), figures(4, 40, 0.0)) == [
         (False, "both steps produced rollouts (vLLM 0, HF 4)")
     ]
 
@@ -66,13 +66,10 @@ def test_step_figures_average_the_finished_rollouts_of_every_tree():
         tree.add_turn(str(i), action="unfinished")
         trees.append(tree)
     res = SimpleNamespace(trees=trees, rollouts=5, generated_tokens=70)
-    assert gpu_smoke.step_figures(res) == {"rollouts": 5, "tokens": 70, "mean_reward": 0.75}
+    assert vllm_part.step_figures(res) == {"rollouts": 5, "tokens": 70, "mean_reward": 0.75}
 
 
-def test_without_vllm_it_stops_in_one_line(monkeypatch, capsys):
-    real = gpu_smoke.importlib.util.find_spec
-    monkeypatch.setattr(gpu_smoke.importlib.util, "find_spec", lambda name: None if name == "vllm" else real(name))
-    monkeypatch.setattr("sys.argv", ["gpu_smoke.py", "--device", "cpu", "--model", "random-tiny", "--sandbox", "weak"])
-    assert gpu_smoke.main() == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "vllm is not installed" in err
+def test_the_math_environment_needs_a_chosen_sandbox():
+    # the math tool runs model code: its containment is a choice to write down, refused before any model loads
+    with pytest.raises(ValueError, match="--env math needs --sandbox strict|weak"):
+        vllm_part.engine_checks("random-tiny", "cpu", "math", "", {})
