@@ -65,6 +65,11 @@ COMMANDS: dict[str, Command] = {
         "trace_rl.commands.rollout:run",
         "grow trees from a frozen policy with several methods",
     ),
+    "methods": Command(
+        "trace_rl.commands.methods:MethodsConfig",
+        "trace_rl.commands.methods:run",
+        "every method with its status, what it changes and when to use it (stable first)",
+    ),
     "eval": Command(
         "trace_rl.commands.eval:EvalConfig",
         "trace_rl.commands.eval:run",
