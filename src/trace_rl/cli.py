@@ -87,6 +87,11 @@ COMMANDS: dict[str, Command] = {
         "predictor quality by depth for a run",
         positional="run_dir",
     ),
+    "report": Command(
+        "trace_rl.commands.report:ReportConfig",
+        "trace_rl.commands.report:run",
+        "every published table and figure, from the stored runs (results/); keep=DIR stores a study",
+    ),
     "serve-retriever": Command(
         "trace_rl.commands.serve_retriever:ServeRetrieverConfig",
         "trace_rl.commands.serve_retriever:run",
@@ -147,6 +152,7 @@ def _probe(cfg) -> None:
         probe_policy(policy)
         methods = getattr(cfg, "methods", None) or [getattr(group, "method", "")]
         probe_predictor(getattr(group, "predictor", None), [method_spec(m)[0] for m in methods])
+
 
 def _usage(commands: dict[str, Command]) -> str:
     lines = ["usage: trace-rl COMMAND [--config FILE.yaml] [key=value ...]   (trace-rl COMMAND --help lists keys)", ""]

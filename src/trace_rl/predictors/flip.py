@@ -4,7 +4,7 @@ Why. Stage 2 allocates on q = r(1 - V~) + (1 - r)V~, the chance that one continu
 its rollout's outcome r. A V~ that is calibrated but cannot tell apart the states its features map together
 over-predicts that chance by 2 Var(V | features) on average (`predictors.calibration`): given r, the prefix's
 true value leans towards r, and an r-blind V~ cannot know by how much. Recalibrating V~ leaves that term; on
-the LM task it closed 0.04 of a 0.20 gap (docs/results/2026-12-02-calibration-lm.md). This layer predicts the
+the LM task it closed 0.04 of a 0.20 gap (lab/notes/2026-12-02-calibration-lm.md). This layer predicts the
 flip itself, conditioned on r and the prefix depth, and is fitted on what every step already grows: the
 continuations stage 2 spent and whether each ended unlike its rollout.
 
@@ -29,8 +29,8 @@ sigma_cell = 4 on the logit scale lets one step's few dozen continuations move e
 
 A fitted prior (`FlipPrior`, `fit_flip_prior`, the setting `predictor.flip_prior`) moves the prior's mean from 0 to
 the layer's own fit on earlier runs' chosen anchors (pooled, no ageing) and holds it with a spread of its own (the
-caller's: `bench/fit_flip_prior.py --sigma-cell --sigma-slope`; for the default LM task chosen on tuning seeds by
-`bench/loo_flip_layer.py`, docs/predictors.md): a fresh layer then predicts the earlier runs' flip rates per (r,
+caller's: `lab/scripts/fit_flip_prior.py --sigma-cell --sigma-slope`; for the default LM task chosen on tuning seeds by
+`lab/scripts/loo_flip_layer.py`, docs/predictors.md): a fresh layer then predicts the earlier runs' flip rates per (r,
 depth), which is what the q/2 prior got wrong in the steps before any data (a failure's deep prefix flips far less
 than q/2 says). The objective is the same with (theta - mean) in the prior term; the fit starts from the mean. The
 prior also carries the half-life the layer ages its own rows at (16 steps unless it says otherwise): how fast the
@@ -195,7 +195,7 @@ def flip_observations(trees: Iterable[RolloutTree]) -> tuple[np.ndarray, ...]:
 
 @dataclass(frozen=True)
 class FlipPrior:
-    """The layer's prior, fitted on earlier runs' flips (`fit_flip_prior`, `bench/fit_flip_prior.py`): its mean
+    """The layer's prior, fitted on earlier runs' flips (`fit_flip_prior`, `lab/scripts/fit_flip_prior.py`): its mean
     (theta, the cells' offsets then the two slopes), its spread (the sigmas the layer is built with) and what the
     fit saw per cell (continuations and flips; cells in `FlipCalibrator`'s order: after a failure depths 1..D,
     then after a success). Stored as a small JSON file, read by `predictor.flip_prior`."""
@@ -239,7 +239,7 @@ class FlipPrior:
         if not isinstance(doc, dict):
             raise ValueError(f"a flip prior is a JSON object with the keys {', '.join(sorted(names))}")
         if missing := sorted(required - doc.keys()):
-            raise ValueError(f"the flip prior lacks {', '.join(missing)} (bench/fit_flip_prior.py writes them)")
+            raise ValueError(f"the flip prior lacks {', '.join(missing)} (lab/scripts/fit_flip_prior.py writes them)")
         if unknown := sorted(doc.keys() - names):
             raise ValueError(
                 f"the flip prior has unknown keys {', '.join(unknown)}; allowed: {', '.join(sorted(names))}"
@@ -256,7 +256,7 @@ class FlipPrior:
     def load(cls, path: str | Path) -> "FlipPrior":
         """The prior in the JSON file `path`; one line for a missing or unreadable file or a wrong document."""
         if not Path(path).is_file():
-            raise ValueError(f"no file {path} (bench/fit_flip_prior.py writes one)")
+            raise ValueError(f"no file {path} (lab/scripts/fit_flip_prior.py writes one)")
         try:
             doc = json.loads(Path(path).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -280,7 +280,8 @@ def fit_flip_prior(
     `FlipCalibrator.observe` takes them, all pooled and fitted once by the layer's own MAP fit (around the q k/(k
     + 1) prior, every row at weight 1: no ageing, a run's early and late steps count alike). The spread the
     layer will hold it with and the half-life it will age its own rows at are the caller's
-    (`bench/fit_flip_prior.py` takes them; `bench/loo_flip_layer.py` chooses them by leaving a tuning run out)."""
+    (`lab/scripts/fit_flip_prior.py` takes them; `lab/scripts/loo_flip_layer.py` chooses them by leaving a tuning
+    run out)."""
     if not runs:
         raise ValueError("fit_flip_prior needs at least one run's anchors")
     pooled = [np.concatenate([np.asarray(run[i]) for run in runs]) for i in range(5)]

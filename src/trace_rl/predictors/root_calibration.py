@@ -5,7 +5,7 @@ expected count of prompts whose bare rollouts disagree. That objective is right 
 success rate. V~ is fitted online on targets of trees the policy grew before its latest updates, so while the
 policy improves V~ trails it: on the default LM task the roots' V~ said 0.59 where bare rollouts succeeded 0.65
 of the time, and the bins the allocator reads most (V~ 0.3-0.7) were 9 to 11 points low
-(docs/results/2026-12-03-calibrated-stage2-eval.md, `trace-rl diagnose`). The root stage then spends on prompts
+(lab/notes/2026-12-03-calibrated-stage2-eval.md, `trace-rl diagnose`). The root stage then spends on prompts
 it takes for even odds that are in fact easier, and fewer of them come out mixed.
 
 Model (Platt scaling, refitted every step). For a root with V~ = v at allocation:
@@ -34,8 +34,8 @@ from .map_logistic import AgedLogisticLayer, binomial_counts, expit, logit, posi
 
 ROOT_MODELS = ("raw", "calibrated")  # the setting `predictor.root_model`: V~ as is, or this layer
 # chosen on the default LM task's tuning seeds 10-12 (tiny@0) by the replay's log loss per bare rollout over a grid
-# of sigma_a 0.5-2, sigma_b 0.25-0.5, half-life 4-16 (`bench/replay_root_layer.py`;
-# docs/results/2026-12-03-flip-layer-own-selection.md): the grid's losses lie within 0.004 of each other
+# of sigma_a 0.5-2, sigma_b 0.25-0.5, half-life 4-16 (`lab/scripts/replay_root_layer.py`;
+# lab/notes/2026-12-03-flip-layer-own-selection.md): the grid's losses lie within 0.004 of each other
 SIGMA_A, SIGMA_B, HALF_LIFE = 0.5, 0.25, 16.0
 
 

@@ -201,9 +201,9 @@ class LMPredictorConfig:
     # raw: q = r(1 - V~) + (1 - r)V~; calibrated: a layer fitted online on the flips continuations realised, per
     # bare outcome and depth (predictors/flip.py)
     flip_model: str = "raw"  # stage 2's flip probability: raw (from V~ alone) | calibrated (fitted on flips)
-    # the calibrated layer's prior: "" is q/2 (task-agnostic); a JSON file of bench/fit_flip_prior.py is a fit on
-    # earlier runs' flips, which carries the first steps (docs/results/2026-12-02-flip-prior.md)
-    flip_prior: str = ""  # a flip prior file (bench/fit_flip_prior.py), read with flip_model=calibrated
+    # the calibrated layer's prior: "" is q/2 (task-agnostic); a JSON file of lab/scripts/fit_flip_prior.py is a fit on
+    # earlier runs' flips, which carries the first steps (lab/notes/2026-12-02-flip-prior.md)
+    flip_prior: str = ""  # a flip prior file (lab/scripts/fit_flip_prior.py), read with flip_model=calibrated
     # raw: TRACE's root allocator reads V~; calibrated: V~ through a logistic layer fitted online on the roots' bare
     # outcomes (predictors/root_calibration.py)
     root_model: str = "raw"  # raw | calibrated

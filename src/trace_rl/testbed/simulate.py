@@ -11,7 +11,7 @@ accuracy the task mix allows, so training moves held-out accuracy and methods ca
 buys; `contrast` is the earlier set-up (warm start 5.0, near the ceiling from the start), where accuracy
 barely moves and only allocation figures (effective ratio, contrast groups) separate the methods. Both keep
 the task mix, so a preset changes the starting policy only; the measurements behind the choice are in
-docs/results/2026-12-01-accuracy-testbed.md. With several seeds the summary adds accuracy with
+lab/notes/2026-12-01-accuracy-testbed.md. With several seeds the summary adds accuracy with
 95% intervals and paired per-seed differences (testbed/report.py).
 """
 
@@ -47,7 +47,7 @@ ABLATION_METHODS = ["trace_uniform", "trace_root_only", "trace_prefix_only", "tr
 
 # A preset fills the settings it names that the user left unset (a key given on the command line, in a file
 # or to the constructor wins). `learning` (the default): a weak warm start, so training has room to move
-# held-out accuracy (docs/results/2026-12-01-accuracy-testbed.md has the measurements behind the values).
+# held-out accuracy (lab/notes/2026-12-01-accuracy-testbed.md has the measurements behind the values).
 # `contrast`: the earlier default, a policy that starts near its ceiling, for pure allocation checks
 # (effective ratio, contrast per rollout) where accuracy barely moves.
 PRESETS: dict[str, dict[str, object]] = {

@@ -68,15 +68,15 @@ class UpdateConfig:
     kl_coef: float = 0.0  # weight of the k3 KL to the reference model in the loss (0: reported only)
     # 2e-4 for the tiny warm-started model (train/sft.py trains it at 1e-3): at 3e-4 the KL of one update reaches
     # 0.01-0.02 and held-out accuracy falls in the first steps; at 1e-4 a 40-step run barely moves
-    # (docs/results/2026-12-01-accuracy-lm.md). Use about 1e-6 for 100M+ models (verl's default for Qwen-scale actors).
+    # (lab/notes/2026-12-01-accuracy-lm.md). Use about 1e-6 for 100M+ models (verl's default for Qwen-scale actors).
     lr: float = 2e-4  # AdamW learning rate
     # At a constant 2e-4, GRPO on the default task gained 12 points by step 20 and lost 8 of them by step 40; decayed
-    # to 10% it kept climbing on every seed tried (docs/results/2026-12-01-accuracy-lm.md).
+    # to 10% it kept climbing on every seed tried (lab/notes/2026-12-01-accuracy-lm.md).
     final_lr: float = 0.1  # the rate decays linearly by step to this share of lr at the last step (1: constant)
     weight_decay: float = 0.0  # AdamW decay; 0 because decay pulls a warm-started policy off regardless of reward
     max_grad_norm: float = 1.0  # clip the global gradient norm (0: no clipping, norm still reported)
     # Without it one step of KL 0.047 took GRPO from 0.483 to 0.476 on a tuning seed; at 0.01 no run fell below its
-    # start and the seed-to-seed spread of each method's gain shrank (docs/results/2026-12-02-warm-start-and-recipe.md)
+    # start and the seed-to-seed spread of each method's gain shrank (lab/notes/2026-12-02-warm-start-and-recipe.md)
     max_update_kl: float = 0.01  # bound on a step's KL(before || after): above it the step is scaled back (0: off)
     micro_batch_tokens: int = 4096  # tokens per forward (tree rows include re-encoded context); bounds memory
     epochs: int = 1  # passes over the step's trees
