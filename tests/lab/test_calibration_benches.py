@@ -1,5 +1,5 @@
-"""lab/scripts/loo_flip_layer.py, lab/scripts/replay_root_layer.py and lab/scripts/root_outcomes.py on hand-written runs: what each
-prints is computed from the layers and records it names (the figures in the notes come from these)."""
+"""lab/scripts/loo_flip_layer.py, lab/scripts/replay_root_layer.py and lab/scripts/root_outcomes.py on hand-written
+runs: what each prints is computed from the layers and records it names (the figures in the notes come from these)."""
 
 import importlib.util
 import json
