@@ -66,10 +66,12 @@ class Registry(Mapping, Generic[T]):
         self._resolved: dict[str, Any] = {}
 
     def register(self, entry: T, name: str | None = None) -> T:
-        """Make `entry` available in this process as `name` (default: its own). Returns the entry, so it can
-        decorate."""
+        """Make `entry` available in this process as `name` (default: its own; another name renames it, so records
+        say what the config said). Returns the entry, so it can decorate."""
         self._check(entry, repr(name or getattr(entry, "name", entry)))
         key = name or entry.name
+        if dataclasses.is_dataclass(entry) and entry.name != key:
+            entry = dataclasses.replace(entry, name=key)
         self._registered[key] = entry
         self._resolved.pop(key, None)
         return entry
