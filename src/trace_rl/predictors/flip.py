@@ -69,7 +69,8 @@ from .map_logistic import expit as _expit
 from .map_logistic import logit as _logit
 from .map_logistic import positive as _positive
 
-FLIP_MODELS = ("raw", "calibrated")  # the setting `predictor.flip_model`: q from V~ alone, or this layer
+# the setting `predictor.flip_model` -> whether stage 2 reads this layer (calibrated) or q from V~ alone (raw)
+FLIP_MODELS = {"raw": False, "calibrated": True}
 
 
 def beta_flip_prior(q, kappa: float) -> np.ndarray:
@@ -309,9 +310,9 @@ def make_flip_model(kind: str, prior: str = "") -> FlipCalibrator | None:
     V~), else the layer, around q k/(k + 1) or, given a prior file, around that prior."""
     if kind not in FLIP_MODELS:
         raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {kind!r}")
-    if prior and kind != "calibrated":
-        raise ValueError(f"predictor.flip_prior: only predictor.flip_model=calibrated reads it (it is {kind})")
-    if kind == "raw":
+    if not FLIP_MODELS[kind]:
+        if prior:
+            raise ValueError(f"predictor.flip_prior: only predictor.flip_model=calibrated reads it (it is {kind})")
         return None
     if not prior:
         return FlipCalibrator()

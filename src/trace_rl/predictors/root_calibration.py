@@ -32,7 +32,8 @@ import numpy as np
 from ..tree import RolloutTree
 from .map_logistic import AgedLogisticLayer, binomial_counts, expit, logit, positive
 
-ROOT_MODELS = ("raw", "calibrated")  # the setting `predictor.root_model`: V~ as is, or this layer
+# the setting `predictor.root_model` -> whether TRACE's root allocator reads V~ through this layer or as is (raw)
+ROOT_MODELS = {"raw": False, "calibrated": True}
 # chosen on the default LM task's tuning seeds 10-12 (tiny@0) by the replay's log loss per bare rollout over a grid
 # of sigma_a 0.5-2, sigma_b 0.25-0.5, half-life 4-16 (`lab/scripts/replay_root_layer.py`;
 # lab/notes/2026-12-03-flip-layer-own-selection.md): the grid's losses lie within 0.004 of each other
@@ -101,4 +102,4 @@ def make_root_model(kind: str) -> RootCalibrator | None:
     """The root model of the setting `predictor.root_model`: None for raw (V~ as is), else the layer."""
     if kind not in ROOT_MODELS:
         raise ValueError(f"root_model must be one of {', '.join(ROOT_MODELS)}, got {kind!r}")
-    return RootCalibrator() if kind == "calibrated" else None
+    return RootCalibrator() if ROOT_MODELS[kind] else None
