@@ -335,3 +335,11 @@ def test_a_study_says_what_it_runs_logs_each_run_in_its_folder_and_skips_plots_i
     compare_command.run(cfg)  # again: both finished, read
     assert capsys.readouterr().err.startswith("compare: 0 runs to go (2 finished ones read, not rerun)")
     assert len(calls) == 2
+
+
+def test_the_table_names_the_policy_the_runs_started_from():
+    tiny = run(100, 0.4, [0.5, 0.6], warm_start={"path": "/cache/tiny-0", "key": "k0"})
+    assert "warm starts: tiny@0; evaluation seeds only" in format_compare(summarize_compare({"grpo": [tiny]}))
+    smoke = run(100, 0.4, [0.5, 0.6], warm_start={"path": "random-tiny"})
+    note = format_compare(summarize_compare({"grpo": [smoke]}))
+    assert "start policies: random-tiny; " in note and "tiny@0" not in note  # not a warm start: not called one

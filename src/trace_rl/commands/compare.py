@@ -349,7 +349,9 @@ def run_all(cfg: CompareSettings, todo: list[Job] | None = None) -> None:
 
     def done_line(k: int) -> None:
         elapsed = time.monotonic() - start
-        left = time_left(elapsed, k, n)
+        # every run left already running beside others: their pace so far says nothing of when they end
+        running = n - k if 1 < cfg.workers and 0 < n - k < cfg.workers else 0
+        left = f"{running} still running" if running else time_left(elapsed, k, n)
         print(f"compare: {k} of {n} runs done in {duration(elapsed)}" + (f", {left}" if left else ""), file=sys.stderr)
 
     positions = [f"run {i} of {n}" for i in range(1, n + 1)]

@@ -5,10 +5,10 @@ lines, its evaluation progress, its final lines) also goes to `run.log` in its o
 
 `run_output` swaps `sys.stdout` and `sys.stderr` for the run's duration: everything that prints through them is
 caught (print, tqdm bars, warnings), what a library writes to the file descriptors themselves is not. A line that
-redraws itself with a carriage return (a progress bar, the rollout progress line) is a line of its own in the log
-and, when labelled, on the terminal too, at most one every `redraw_every` seconds (the last one before a newline
-always), so two runs' bars never fight over one terminal line and the log keeps the progress without every
-redraw. Unlabelled (one worker), the terminal gets exactly what the run wrote, as without this module.
+redraws itself with a carriage return (a progress bar, the rollout progress line) becomes a line of its own in the
+log and, when labelled, on the terminal, once every `redraw_every` seconds while the redrawing lasts (a bar done
+sooner shows none; the line a newline ends always shows), so two runs' bars never fight over one terminal line
+and the log keeps a long evaluation's progress without every redraw. Unlabelled (one worker), the terminal gets exactly what the run wrote, as without this module.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class RunStream(io.TextIOBase):
         self.target, self.log, self.prefix = target, log, prefix
         self.redraw_every, self.clock = redraw_every, clock
         self.buffer_text = ""
-        self.last_redraw: float | None = None
+        self.quiet_since: float | None = None  # when the current run of redrawn lines began, or last showed one
 
     # what tqdm and print look at
     @property
@@ -101,13 +101,18 @@ class RunStream(io.TextIOBase):
         return len(text)
 
     def _segment(self, text: str, redrawn: bool) -> None:
-        if redrawn:  # a line that the next carriage return overwrites: kept at most every redraw_every seconds
-            if not text.strip():
+        if redrawn:  # a line the next carriage return overwrites: one every redraw_every seconds while it lasts
+            if not text.strip():  # a bar cleared: the redrawing is over
+                self.quiet_since = None
                 return
             now = self.clock()
-            if self.last_redraw is not None and now - self.last_redraw < self.redraw_every:
+            if self.quiet_since is None:
+                self.quiet_since = now
+            if now - self.quiet_since < self.redraw_every:
                 return
-            self.last_redraw = now
+            self.quiet_since = now
+        else:
+            self.quiet_since = None
         self.log.line(text)
         if self.prefix is not None:
             self.target.write(f"{self.prefix}{text}\n" if text.strip() else "\n")

@@ -252,6 +252,15 @@ def mean_trained_accuracy(summary: dict) -> float:
     return float(np.mean(curves(summary)["rollouts"][1][1:]))
 
 
+def start_name(summary: dict) -> str:
+    """The policy a run started from, as a table names it: tiny@W for a warm start (and for a summary that does
+    not say), else the model it names (random-tiny, a path)."""
+    start = summary.get("warm_start") or {}
+    if not start or start.get("key"):
+        return f"tiny@{summary.get('warm', 0)}"
+    return str(start.get("path"))
+
+
 def _pair(summary: dict) -> str:
     """The pairing unit of a run: its warm start and seed (runs of one pair share the start and the tasks)."""
     return summary.get("pair") or pair_name(summary.get("warm", 0), summary["seed"])
@@ -274,6 +283,7 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             "seeds": [s["seed"] for s in seeds],
             "pairs": [_pair(s) for s in seeds],
             "warm_starts": sorted({s.get("warm", 0) for s in seeds}),
+            "starts": sorted({start_name(s) for s in seeds}),
             "acc_before": interval([s["accuracy_before"] for s in seeds]),
             "acc_after": interval([s["accuracy_after"] for s in seeds]),
             "gain": interval([s["accuracy_after"] - s["accuracy_before"] for s in seeds]),
@@ -355,7 +365,9 @@ def format_compare(rows: list[dict]) -> str:
     seeds = sorted({seed for r in rows for seed in r["seeds"]})
     tuning = [seed for seed in seeds if seed < FIRST_EVALUATION_SEED]
     warm = sorted({w for r in rows for w in r.get("warm_starts", [0])})
-    note += f"\nwarm starts: {', '.join(f'tiny@{w}' for w in warm)}; " + (
+    starts = sorted({m for r in rows for m in r.get("starts", [f"tiny@{w}" for w in warm])})
+    tiny = all(m.startswith("tiny@") for m in starts)
+    note += f"\n{'warm starts' if tiny else 'start policies'}: {', '.join(starts)}; " + (
         f"TUNING seeds {tuning} (below {FIRST_EVALUATION_SEED}: defaults were chosen on them, so this is not an "
         "evaluation result)"
         if tuning
