@@ -37,10 +37,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# what trace-rl's train path imports beyond torch and transformers; a bare GPU image lacks omegaconf. Its wheels
-# (pure python), fetched where pip reaches PyPI:
-#   pip download --no-deps --only-binary=:all: -d bench/wheels omegaconf==2.4.0 antlr4-python3-runtime==4.13.2
-WHEELS = {"omegaconf": "omegaconf==2.4.0", "antlr4": "antlr4-python3-runtime==4.13.2"}
+# what trace-rl's train path imports beyond torch and transformers; a bare GPU image lacks omegaconf, whose 2.4.0
+# wheel is pure python and needs only PyYAML (its grammar's parser is vendored). Fetched where pip reaches PyPI:
+#   pip download --no-deps --only-binary=:all: -d bench/wheels omegaconf==2.4.0
+WHEELS = {"omegaconf": "omegaconf==2.4.0"}
 NEEDED = ("numpy", "yaml", "transformers", "tokenizers", "safetensors", *WHEELS)
 DTYPES = ("float32", "bfloat16")
 

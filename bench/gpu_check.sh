@@ -3,9 +3,9 @@
 #   bash bench/gpu_check.sh [--model tiny|DIR] [--json PATH] [--backend hf|vllm] [--dtypes float32,bfloat16]
 # The interpreter is $PYTHON, else the python3 (else python) on PATH: the environment you chose, never one of the
 # repository's (.venv-vllm is CPU-only unless built otherwise). It needs a CUDA build of torch that sees a GPU
-# (refused in one line otherwise, before any work), transformers, and trace-rl's imports; omegaconf and antlr4, which
-# a bare GPU image lacks, install from the wheels in $GPU_CHECK_WHEELS (default bench/wheels; WHEELS in gpu_check.py
-# lists them and how to fetch them). Nothing is downloaded: the model is the shipped tiny warm start or a local
+# (refused in one line otherwise, before any work), transformers, and trace-rl's imports; omegaconf, which a bare GPU
+# image lacks, installs from the wheels in $GPU_CHECK_WHEELS (default bench/wheels; WHEELS in gpu_check.py lists
+# them and how to fetch them). Nothing is downloaded: the model is the shipped tiny warm start or a local
 # directory (HF_HUB_OFFLINE=1). The table goes to stdout and, as JSON, to --json (default runs/gpu_check/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
