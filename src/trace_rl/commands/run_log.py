@@ -8,7 +8,8 @@ caught (print, tqdm bars, warnings), what a library writes to the file descripto
 redraws itself with a carriage return (a progress bar, the rollout progress line) becomes a line of its own in the
 log and, when labelled, on the terminal, once every `redraw_every` seconds while the redrawing lasts (a bar done
 sooner shows none; the line a newline ends always shows), so two runs' bars never fight over one terminal line
-and the log keeps a long evaluation's progress without every redraw. Unlabelled (one worker), the terminal gets exactly what the run wrote, as without this module.
+and the log keeps a long evaluation's progress without every redraw. Unlabelled (one worker), the terminal gets
+exactly what the run wrote, as without this module.
 """
 
 from __future__ import annotations
