@@ -102,7 +102,7 @@ def test_the_readme_is_a_front_door():
     results = text.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
     assert len(results.splitlines()) <= 45
     blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S)
-    for line in "\n".join(blocks).splitlines():
+    for line in filter(str.strip, "\n".join(blocks).splitlines()):
         assert line.startswith(("trace-rl ", "make ")), f"README command that is not trace-rl or make: {line}"
 
 
