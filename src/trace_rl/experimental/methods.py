@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..trace_config import Method
 
-_VARIANT = "research: not shown to beat trace on the LM task (docs/results/)"
+_VARIANT = "a research variant: not shown to beat trace on the LM task"
 
 KNAPSACK_RL_REPAIRED = Method(
     "knapsack_rl_repaired",
