@@ -1,115 +1,14 @@
 """OpenAIServerBackend against a stub /v1/completions server on 127.0.0.1 (port 0, bounded loop, shut down)."""
 
 import asyncio
-import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 
 import pytest
+from helpers_openai_server import EOS, Stub, make, sample
 
 from trace_rl.backends.base import SamplingParams
-from trace_rl.backends.openai_server import MalformedReply, OpenAIServerBackend, ServerError, ServerUnsupported
+from trace_rl.backends.openai_server import MalformedReply, ServerError, ServerUnsupported
 from trace_rl.errors import UserError
-
-EOS = 3
-
-
-class CharTok:
-    """Token t <-> chr(t + 50): invertible, so re-tokenising text gives the sampled ids back."""
-
-    eos_token_id = EOS
-
-    def __call__(self, text, add_special_tokens=False):
-        return SimpleNamespace(input_ids=[ord(c) - 50 for c in text])
-
-
-def sample(prompt, seed, n):
-    """The stub's deterministic 'model': a row's tokens and log-probs from its prompt and seed."""
-    if prompt[0] == 1:  # stops on EOS after one token
-        return [12, EOS], [-0.25, -0.5], "stop"
-    ids = [(seed + sum(prompt) + i) % 50 + 10 for i in range(n)]
-    return ids, [-0.01 * (i + 1) - 0.001 * (seed % 7) for i in range(n)], "length"
-
-
-class Stub:
-    def __init__(self, mode="ids"):
-        self.mode, self.bodies, self.failures, self.hits = mode, [], [], 0
-        self.reply = None  # a fixed answer to every completion request (bytes: sent as they are)
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):  # /v1/models, which the command line's config check reads
-                self._send(200, {"object": "list", "data": [{"id": "random-tiny", "object": "model"}]})
-
-            def do_POST(self):
-                stub.hits += 1
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.bodies.append((self.path, body))
-                if stub.failures:
-                    status = stub.failures.pop(0)
-                    return self._send(
-                        status, {"error": {"message": f"stub says {status}\nsecond line", "code": status}}
-                    )
-                if self.path == "/reset_prefix_cache":
-                    return self._send(200, {})
-                if stub.reply is not None:
-                    return self._send(200, stub.reply)
-                if stub.mode == "hf-serve":  # as `transformers serve` answered on this machine
-                    extra = {"return_token_ids", "return_tokens_as_token_ids", "include_stop_str_in_output"} & set(body)
-                    if extra:
-                        return self._send(422, {"detail": f"Unexpected fields in the request: {sorted(extra)}"})
-                    if not isinstance(body["prompt"], str):
-                        return self._send(400, {"error": {"message": "prompt must be a string."}})
-                ids, lps, reason = sample(body["prompt"], body["seed"], body["max_tokens"])
-                text = "".join(chr(t + 50) for t in ids if t != EOS)
-                tokens = [f"token_id:{t}" if stub.mode == "strings" else chr(t + 50) for t in ids]
-                choice = {
-                    "index": 0,
-                    "text": text,
-                    "finish_reason": reason,
-                    "logprobs": {"tokens": tokens, "token_logprobs": lps, "top_logprobs": None},
-                }
-                if stub.mode == "no-logprobs":
-                    choice["logprobs"] = None
-                if stub.mode == "ids":
-                    choice["token_ids"] = ids
-                usage = {
-                    "prompt_tokens": len(body["prompt"]),
-                    "completion_tokens": len(ids),
-                    "prompt_tokens_details": {"cached_tokens": 4 if len(body["prompt"]) > 4 else 0},
-                }
-                self._send(200, {"id": "cmpl-1", "object": "text_completion", "choices": [choice], "usage": usage})
-
-            def _send(self, status, obj):
-                raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.timeout = 0.05
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        for _ in range(4000):  # bounded: at most 200 s of 50 ms polls
-            if self.stop.is_set():
-                break
-            self.server.handle_request()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(timeout=5)
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -117,11 +16,6 @@ def stub():
     s = Stub()
     yield s
     s.close()
-
-
-def make(url, **kw):
-    kw.setdefault("sleep", lambda s: None)
-    return OpenAIServerBackend(url, "stub-model", CharTok(), **kw)
 
 
 PARAMS = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=6, stop=("END",))
@@ -169,7 +63,10 @@ def test_persistent_5xx_gives_up_after_the_retries(stub):
     delays = []
     be = make(stub.url, max_retries=2, backoff=1.0, max_backoff=1.5, sleep=delays.append)
     stub.failures = [500] * 5
-    with pytest.raises(ServerError, match=r"HTTP 500: stub says 500 second line \(gave up after 3 attempts\)"):
+    with pytest.raises(
+        ServerError,
+        match=r"HTTP 500: stub says 500 second line \(gave up after 3 attempts in [\d.e-]+ s; the bound is 60 s\)",
+    ):
         be.generate([[5, 6]], PARAMS, seeds=[1])
     assert stub.hits == 3 and delays == [1.0, 1.5]  # capped at max_backoff
     be.close()

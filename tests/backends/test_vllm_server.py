@@ -51,6 +51,7 @@ def server(tmp_path_factory):
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
     cmd += ["--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--block-size", "32", "--seed", "0"]
+    cmd += ["--no-enable-chunked-prefill"]  # as docs/engines.md's CPU command: seeded requests at the eval size
     cmd += ["--logprobs-mode", "processed_logprobs", "--enable-prompt-tokens-details"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

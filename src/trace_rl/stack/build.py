@@ -156,7 +156,7 @@ def build_policy(
         if model is not None:
             raise ConfigError("policy.backend: a server's weights cannot be updated from here; train with hf or vllm")
         tok = tokenizer or load_tokenizer(cfg.model)
-        backend = OpenAIServerBackend(cfg.server_url, cfg.model, tok)
+        backend = OpenAIServerBackend(cfg.server_url, cfg.model, tok, timeout=cfg.server_timeout)
         try:  # one request: a server without token ids in and out is refused here, in one line
             backend.probe()
         except ValueError as err:

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import urllib.error
-import urllib.request
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,12 +75,16 @@ def check_device(device: str) -> None:
 
 def served_models(url: str, timeout: float = SERVER_PROBE_S) -> list[str]:
     """The model ids an OpenAI-compatible server lists at /v1/models; one line naming `server_url` if none answers."""
+    from ..backends.http_client import TransportError, exchange  # standard library only; bounds the total time
+
     base = url.rstrip("/").removesuffix("/v1")
     try:
-        with urllib.request.urlopen(base + "/v1/models", timeout=timeout) as resp:
-            body = json.loads(resp.read().decode("utf-8", "replace"))
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        why = getattr(err, "reason", None) or err
+        status, raw = exchange(base + "/v1/models", timeout=timeout, max_bytes=2**20)
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        body = json.loads(raw.decode("utf-8", "replace"))
+    except (TransportError, ValueError, RecursionError) as err:
+        why = "JSON nested too deeply" if isinstance(err, RecursionError) else err
         raise ValueError(f"server_url: no OpenAI-compatible server answers at {base}/v1/models ({why})") from None
     data = body.get("data") if isinstance(body, dict) else None
     return [str(m.get("id")) for m in data or [] if isinstance(m, dict) and m.get("id")]
@@ -158,6 +161,7 @@ class LMPolicyConfig:
     model: str = "tiny"  # 'tiny' (after trace-rl sft), 'random-tiny', 'smollm2-135m', a local path or a hub id
     backend: str = "hf"  # hf: transformers in this process | vllm: a vLLM engine here | server: an OpenAI-style server
     server_url: str = ""  # backend=server: the server's base URL (it serves `model`; the tokenizer is loaded here)
+    server_timeout: float = 60.0  # backend=server: seconds a request may take, retries included (then the run ends)
     # the default, auto, is resolved when the settings load (cuda where torch sees a GPU, else cpu): --help and
     # config.yaml show the device it gave
     device: str = "auto"  # torch device of the policy (hf; with vllm, the copy train updates); auto | cpu | cuda[:N]
@@ -179,6 +183,9 @@ class LMPolicyConfig:
                 raise ValueError(f"server_url: backend=server needs an http(s) URL, got {self.server_url!r}")
         elif self.server_url:
             raise ValueError(f"server_url: only backend=server reads it (backend is {self.backend})")
+        t = self.server_timeout
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and math.isfinite(t) and 0 < t <= 3600):
+            raise ValueError(f"server_timeout must be a number of seconds in (0, 3600], got {t!r}")
         if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
             raise ValueError("backend: vllm is not installed here (pip install 'trace-rl[vllm]'), use backend=hf")
         # whether the server answers and the model can load are probes: stack.build.probe_policy, once per command
