@@ -92,21 +92,22 @@ def test_run_portable_returns_raises_and_names_a_death():
 
 
 def test_an_entry_is_read_only_with_its_manifest_and_others_are_named_not_reused(cache, monkeypatch):
-    with pytest.raises(ConfigError, match=r"tiny@2 .*not built.*trace-rl sft seed=2"):
-        ws.resolve("tiny@2")
-    entry = ws.entry_dir(0)
+    # seeds the package does not ship: 1 and 3
+    with pytest.raises(ConfigError, match=r"tiny@3 .*not built.*trace-rl sft seed=3"):
+        ws.resolve("tiny@3")
+    entry = ws.entry_dir(1)
     entry.mkdir(parents=True)
     with pytest.raises(ConfigError, match="not built"):  # a build that never finished: no manifest
-        ws.resolve("tiny")
+        ws.resolve("tiny@1")
     (entry / ws.MANIFEST).write_text(json.dumps({"key": "k", "report": {"overall": 0.5}, "weights_digest": "w"}))
-    assert ws.resolve("tiny") == entry and ws.resolve("tiny@0") == entry
+    assert ws.resolve("tiny@1") == entry
     assert ws.describe(entry)["sft_success"] == 0.5 and ws.describe(entry)["numerics"] is None  # an older entry
     versions = ws.library_versions()
     monkeypatch.setattr(ws, "library_versions", lambda: {**versions, "torch": "9.9"})
     with pytest.raises(
         ConfigError, match=f"holds {entry.name}, made by other code, library versions or numerics, not reused"
     ):
-        ws.resolve("tiny")
+        ws.resolve("tiny@1")
 
 
 def test_concurrent_builders_build_once(cache, monkeypatch):
@@ -177,3 +178,53 @@ def test_the_portable_build_pins_its_process_and_its_weights_are_the_stored_ones
     versions = ws.library_versions()
     if all(versions.get(k) == v for k, v in STORED_BUILD["versions"].items()):
         assert digests[0] == STORED_BUILD["weights_digest"]
+
+
+# the shipped warm starts' weights digests, written here apart from warm_start.SHIPPED: a change to either the
+# weights or the table fails this test
+SHIPPED_DIGESTS = {0: "28583b334b2ee00a", 2: "147fc1a5bcef3f6e"}
+
+
+def test_the_shipped_warm_starts_resolve_on_any_machine_with_their_pinned_digests(cache, monkeypatch):
+    monkeypatch.setattr(ws, "_CHECKED", set())
+    monkeypatch.setattr(ws, "numerics", lambda: "native-aarch64")  # another processor, an empty cache: the same bits
+    assert ws.SHIPPED == SHIPPED_DIGESTS
+    for seed, digest in SHIPPED_DIGESTS.items():
+        path = ws.resolve(f"tiny@{seed}")
+        assert path == ws.SHIPPED_ROOT / f"tiny-seed{seed}" and ws.weights_digest(path) == digest
+        manifest = ws.read_manifest(path)
+        assert manifest["weights_digest"] == digest and manifest["seed"] == seed
+        assert ws.describe(path)["weights_digest"] == digest
+    assert ws.resolve("tiny") == ws.resolve("tiny@0")
+    assert not list(cache.iterdir())  # nothing built, nothing cached
+
+
+def test_a_damaged_or_missing_shipped_warm_start_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(ws, "_CHECKED", set())
+    monkeypatch.setattr(ws, "SHIPPED_ROOT", tmp_path)
+    with pytest.raises(ConfigError, match=r"tiny@0 is missing from .*reinstall trace-rl"):
+        ws.resolve("tiny")
+    shutil.copytree(ws.Path(ws.__file__).resolve().parent / "shipped" / "tiny-seed0", tmp_path / "tiny-seed0")
+    weights = tmp_path / "tiny-seed0" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=r"has weights digest \w+, not 28583b334b2ee00a: the file is damaged"):
+        ws.resolve("tiny")
+
+
+def test_a_rebuild_says_whether_it_matches_the_shipped_bits():
+    assert "matches the shipped warm start tiny@0 bit for bit" in ws.shipped_verdict(0, SHIPPED_DIGESTS[0])
+    other = ws.shipped_verdict(2, "0123456789abcdef")
+    assert "(0123456789abcdef) differ from the shipped warm start tiny@2 (147fc1a5bcef3f6e)" in other
+    assert "every command still trains from the shipped weights" in other
+    assert ws.shipped_verdict(1, "0123456789abcdef") == ""  # a seed the package does not ship
+
+
+def test_train_starts_from_a_shipped_warm_start_without_building(cache, monkeypatch):
+    pytest.importorskip("torch")
+    from trace_rl.train import sft, trainer
+
+    monkeypatch.setattr(sft, "run_sft", lambda cfg: pytest.fail("a shipped warm start was built"))
+    cfg = type("C", (), {"policy": type("P", (), {"model": "tiny@2"})()})()
+    assert trainer.ensure_policy(cfg)["weights_digest"] == SHIPPED_DIGESTS[2]

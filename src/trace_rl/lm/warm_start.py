@@ -27,6 +27,14 @@ no /proc/cpuinfo) the build is native and its key says so. The manifest (`warm_s
 count and the processor (vendor, model, libc) with a digest of the weights and the SFT report's figures, so a run
 can name the start it trained from.
 
+The warm starts behind the published LM figures, tiny@0 and tiny@2, ship with the package (`SHIPPED`: the folder
+`lm/shipped/tiny-seed<N>`, about 3.3 MB of float32 weights each): `resolve` returns them on every machine, whatever
+its processor, library versions or cache, after checking their weights digest once per process, so an empty cache
+starts from them without training and every machine trains from the same weights. Other seeds are built and cached
+as above; `trace-rl sft seed=0` still rebuilds one and says whether its build matches the shipped digest (a build
+on another processor or other library versions may not: the shipped weights are what the commands use). What
+stays machine-dependent is the RL run itself (its matmuls follow the processor and the thread count).
+
 Two processes never build one warm start at once: the builder holds a lock file beside the entry, builds into a
 temporary folder and renames it into place; a second process waits on the lock and then reads the finished entry.
 """
@@ -77,6 +85,10 @@ PORTABLE_ENV = {
 # the pins are part of the name, so a change to them is a change of key
 PORTABLE = "x86-64-intel:" + ",".join(f"{k}={v}" for k, v in sorted(PORTABLE_ENV.items()))
 _NAME = re.compile(r"^tiny(?:@(\d+))?$")
+# the warm starts the package ships, by SFT seed: the weights digest each must have (tests pin them too)
+SHIPPED = {0: "28583b334b2ee00a", 2: "147fc1a5bcef3f6e"}
+SHIPPED_ROOT = Path(__file__).resolve().parent / "shipped"
+_CHECKED: set[int] = set()  # seeds whose shipped weights this process has checked
 
 
 def parse_tiny(name: str) -> int | None:
@@ -249,21 +261,65 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def shipped(seed: int) -> Path | None:
+    """The shipped warm start of `seed` (None for a seed the package does not ship), its weights digest checked
+    against `SHIPPED` once per process; one line when it is missing or damaged."""
+    if seed not in SHIPPED:
+        return None
+    path = SHIPPED_ROOT / f"tiny-seed{seed}"
+    if seed not in _CHECKED:
+        if not read_manifest(path) or not (path / "model.safetensors").is_file():
+            raise ConfigError(
+                f"model: the shipped warm start tiny@{seed} is missing from {path} (an install without the package "
+                f"data): reinstall trace-rl, or build it with `trace-rl sft seed={seed} out=DIR` and pass "
+                "policy.model=DIR"
+            )
+        digest = weights_digest(path)
+        if digest != SHIPPED[seed]:
+            raise ConfigError(
+                f"model: the shipped warm start tiny@{seed} in {path} has weights digest {digest}, not "
+                f"{SHIPPED[seed]}: the file is damaged or replaced; reinstall trace-rl"
+            )
+        _CHECKED.add(seed)
+    return path
+
+
+def cached_elsewhere(seed: int) -> str:
+    """The finished cache entries of `seed` under other keys (other code, library versions or numerics), named."""
+    return ", ".join(sorted(p.name for p in cache_root().glob(f"seed{seed}-*") if read_manifest(p)))
+
+
 def resolve(name: str) -> Path:
-    """The finished cache entry of `tiny` / `tiny@N`, or one line saying it is not built (and why, when the cache
-    holds the seed's warm start for other code or versions)."""
+    """`tiny` / `tiny@N`: the shipped warm start of N where the package ships one (`shipped`), else the finished
+    cache entry, or one line saying it is not built (and why, when the cache holds the seed's warm start for other
+    code or versions)."""
     seed = parse_tiny(name)
     if seed is None:
         raise ConfigError(f"model: {name!r} is not tiny or tiny@N")
+    ship = shipped(seed)
+    if ship is not None:
+        return ship
     entry = entry_dir(seed)
     if read_manifest(entry):
         return entry
-    others = sorted(p.name for p in cache_root().glob(f"seed{seed}-*") if read_manifest(p))
-    held = ", ".join(others)
-    why = f"; the cache holds {held}, made by other code, library versions or numerics, not reused" if others else ""
+    held = cached_elsewhere(seed)
+    why = f"; the cache holds {held}, made by other code, library versions or numerics, not reused" if held else ""
     raise ConfigError(
         f"model: the warm start {name} for this code and these library versions is not built ({entry}){why}; "
         f"run `trace-rl sft seed={seed}` (train builds it itself)"
+    )
+
+
+def shipped_verdict(seed: int, digest: str) -> str:
+    """One line on how a build of `seed` compares with the shipped warm start ("" where none is shipped)."""
+    if seed not in SHIPPED:
+        return ""
+    if digest == SHIPPED[seed]:
+        return f"this build matches the shipped warm start tiny@{seed} bit for bit (weights digest {digest})"
+    return (
+        f"this build's weights ({digest}) differ from the shipped warm start tiny@{seed} ({SHIPPED[seed]}): this "
+        f"machine's processor or library versions ({numerics()}) compute other bits; every command still trains "
+        f"from the shipped weights (policy.model=tiny@{seed}); pass this folder as policy.model to use this build"
     )
 
 

@@ -188,6 +188,7 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
     with warm_start.file_lock(entry):
         if warm_start.read_manifest(entry):
             print(f"warm start {entry.name} is already built (same seed, code and library versions): {entry}")
+            _say_shipped(cfg.seed, entry)
             return entry
         tmp = entry.with_name(f".{entry.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -201,7 +202,17 @@ def run_sft(cfg: SFTConfig, yaml_text: str = "") -> Path:
         shutil.rmtree(entry, ignore_errors=True)  # an unfinished entry (no manifest) from a killed build
         tmp.rename(entry)
     print(f"warm start {entry.name}: {entry}")
+    _say_shipped(cfg.seed, entry)
     return entry
+
+
+def _say_shipped(seed: int, entry: Path) -> None:
+    """Whether a built warm start is the shipped one, bit for bit (`warm_start.shipped_verdict`)."""
+    from ..lm import warm_start
+
+    line = warm_start.shipped_verdict(seed, (warm_start.read_manifest(entry) or {}).get("weights_digest", ""))
+    if line:
+        print(line)
 
 
 def _build_entry(cfg: SFTConfig, out: Path, yaml_text: str, manifest: dict) -> Path:

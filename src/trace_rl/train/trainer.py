@@ -130,21 +130,29 @@ def run_identity(cfg: TrainConfig) -> dict:
 
 
 def ensure_policy(cfg: TrainConfig) -> dict:
-    """The default policy 'tiny' (or 'tiny@N') is a cached warm start: built here by `trace-rl sft seed=N` when
-    this code and these library versions have none yet (under a lock, so concurrent runs build it once).
+    """The default policy 'tiny' (or 'tiny@N') is a warm start: the package ships tiny@0 and tiny@2; another seed
+    is built here by `trace-rl sft seed=N` when this code and these library versions have none cached yet (under a
+    lock, so concurrent runs build it once).
     Returns what the run records of its start (`warm_start.describe`; the model name alone for other models)."""
     from ..lm import warm_start
 
     seed = warm_start.parse_tiny(cfg.policy.model)
     if seed is None:
         return {"path": cfg.policy.model}
+    ship = warm_start.shipped(seed)
+    if ship is not None:  # the same weights on every machine: nothing to build
+        return warm_start.describe(ship)
     entry = warm_start.entry_dir(seed)
     if not warm_start.read_manifest(entry):
         from .sft import SFTConfig, run_sft
 
+        steps = SFTConfig.__dataclass_fields__["steps"].default
+        held = warm_start.cached_elsewhere(seed)
+        why = f" (the cache holds {held}, built by other code or library versions)" if held else ""
         print(
-            f"the warm start {cfg.policy.model} is not built for this code and these library versions: running "
-            f"trace-rl sft seed={seed} first (cached for later runs)",
+            f"building the warm start {cfg.policy.model} for this machine{why}: trace-rl sft seed={seed}, {steps} "
+            "steps, about 6 minutes on a free core (more on a busy one), once: it is cached for later runs. "
+            f"({' and '.join(f'tiny@{s}' for s in warm_start.SHIPPED)} ship with the package and need no build)",
             file=sys.stderr,
         )
         run_sft(SFTConfig(seed=seed))
@@ -345,6 +353,7 @@ def build_run(cfg: TrainConfig, ckpt, identity: dict, config_yaml: str) -> Train
         prepare=prepare,
         executor=cfg.executor,
         ray=cfg.ray,
+        memory={"micro_batch_tokens": cfg.update.micro_batch_tokens, "step_copy": cfg.update.max_update_kl > 0},
     )
     model, tok, policy, ref_model = stack.model, stack.tokenizer, stack.policy, stack.ref_model
     out.mkdir(parents=True, exist_ok=True)
@@ -353,7 +362,6 @@ def build_run(cfg: TrainConfig, ckpt, identity: dict, config_yaml: str) -> Train
     engine = stack.engine(
         predictor,
         trace.budget,
-        memory={"micro_batch_tokens": cfg.update.micro_batch_tokens, "step_copy": cfg.update.max_update_kl > 0},
         prefix_share=trace.predictor.prefix_share,
         flip_model=cfg.predictor.flip_model,
         flip_prior=cfg.predictor.flip_prior,
