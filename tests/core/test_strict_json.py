@@ -4,6 +4,8 @@ to null, numpy's too, and the writers of run files go through it (a scan of the 
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +98,16 @@ def test_the_scan_sees_a_plain_writer():
     assert WRITES.search("        json.dump(state, fh)")
     assert not WRITES.search("text = dumps(rows)")
     assert json.loads(dumps([math.inf])) == [None]
+
+
+def test_it_writes_without_loading_numpy():
+    # the configuration imports the trees' writer, which imports this module: it must stay numpy-free
+    code = (
+        "import sys; from trace_rl.strict_json import dumps; "
+        "assert dumps({'a': float('nan'), 'b': (1, 2.5)}) == '{\"a\": null, \"b\": [1, 2.5]}'; "
+        "assert 'numpy' not in sys.modules, 'numpy was imported'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(SRC.parent)}
+    )
+    assert proc.returncode == 0, proc.stderr
