@@ -118,3 +118,16 @@ def test_each_published_table_is_what_report_prints_from_the_stored_runs(page):
     assert missing == {}
     for name, table in shown.items():
         assert table == rendered[name], f"{page}: the {name} table differs from `trace-rl report tables={name}`"
+
+
+def test_the_repository_stays_a_library():
+    """Tracked files, shipped warm starts included, total at most 12 MB: run data lives in the compact store."""
+    import subprocess
+
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    files = [ROOT / f for f in listed.decode().split("\0") if f]
+    total = sum(f.stat().st_size for f in files if f.is_file())
+    assert total <= 12_000_000, f"tracked files total {total / 1e6:.1f} MB"
