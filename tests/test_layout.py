@@ -59,7 +59,8 @@ HOLDS = {
     "core": "rollout trees and their paths to training rows, exact allocators, Knapsack RL's and VIP's allocators, "
     "the registries of strategies, estimators, predictors and methods (`module:attr` of one's own), "
     "methods and TRACE's one configuration (method, advantage, budget, predictor kind and prefix share, weighting), "
-    "advantage estimators, step metrics, paired statistics over seeds, named random streams, strict JSON for every file a run writes; numpy only",
+    "advantage estimators, step metrics, paired statistics over seeds, named random streams, "
+    "strict JSON for every file a run writes; numpy only",
     "errors": "the user-error types the command line shows as one line (standard library only)",
     "safe_read": "reading files a damaged disk may have replaced: regular files only, bounded, strict JSON "
     "(standard library only)",
@@ -331,3 +332,34 @@ def test_the_design_doc_quotes_the_rank_table():
 if __name__ == "__main__":  # rewrite docs/design.md's layer table from the rank table
     DESIGN.write_text(_design_with(layer_table()))
     print(f"wrote the layer table of {DESIGN}")
+
+
+MAX_FUNCTION_LINES = 90  # a function longer than this is split into named helpers
+
+
+def _long_functions(source: str, name: str = "<source>") -> list[str]:
+    """`name:line function (n lines)` for each function or method of `source` longer than MAX_FUNCTION_LINES,
+    counted from its `def` line to its last line (decorators not counted)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                out.append(f"{name}:{node.lineno} {node.name} ({lines} lines)")
+    return out
+
+
+def test_every_function_in_the_package_is_at_most_90_lines():
+    long = [
+        f for path in sorted(SRC.rglob("*.py")) for f in _long_functions(path.read_text(), str(path.relative_to(SRC)))
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_length_check_sees_a_long_function_and_a_long_method():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 1))
+    fits = f"def f():\n{body}"  # def line + 89: exactly the limit
+    method = "class C:\n    def g(self):\n" + "".join(f"    {line}\n" for line in body.splitlines()) + "        y = 0\n"
+    assert _long_functions(fits) == []
+    assert _long_functions(f"{fits}    y = 0\n", "m.py") == ["m.py:1 f (91 lines)"]
+    assert _long_functions(method) == ["<source>:2 g (91 lines)"]

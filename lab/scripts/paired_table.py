@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from trace_rl.rollout.records import read_metrics
+from trace_rl.rollout.report import accuracy_at, accuracy_curve
 from trace_rl.stats import mean_ci, paired_bootstrap_ci
-from trace_rl.testbed.report import accuracy_at, curve, paired_difference
+from trace_rl.testbed.report import paired_difference
 
 
 def load(spec: str) -> dict[int, dict[str, list[dict]]]:
@@ -91,11 +92,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     for m in methods:
         recs = [merged[s][m] for s in seeds]
-        final = mean_ci([curve(r)[1][-1] for r in recs])
+        final = mean_ci([accuracy_curve(r)[1][-1] for r in recs])
         step = {k: per_step(recs, k) for k in ("rollout/effective_ratio", "alloc/active_prompts", "train/update_norm")}
         nonzero = float(np.mean([[x["train/rows"] * x["train/nonzero_advantage_share"] for x in r] for r in recs]))
-        rollouts = np.mean([curve(r)[0][-1] for r in recs])
-        turns = np.mean([curve(r, "rollout/turns")[0][-1] for r in recs])
+        rollouts = np.mean([accuracy_curve(r)[0][-1] for r in recs])
+        turns = np.mean([accuracy_curve(r, cost="rollout/turns")[0][-1] for r in recs])
         print(
             f"{m:<24} {final[0]:.3f} [{final[1]:.3f}, {final[2]:.3f}]  {step['rollout/effective_ratio']:>10.3f} "
             f"{step['alloc/active_prompts']:>8.1f} {nonzero:>9.0f} {step['train/update_norm']:>11.3f} "
@@ -114,9 +115,12 @@ def main(argv: list[str] | None = None) -> None:
         at_rollouts, at_turns = fmt(r["mean"], r["lo"], r["hi"]), fmt(t["mean"], t["lo"], t["hi"])
         print(f"{a + ' - ' + b:<40} {at_rollouts:<22} {at_turns:<22} {seeds_txt}")
         if args.curve:
-            xs = np.mean([curve(x)[0] for x in ra], axis=0)
+            xs = np.mean([accuracy_curve(x)[0] for x in ra], axis=0)
             for i, x in enumerate(xs[1:], 1):
-                d = [accuracy_at(p, curve(p)[0][i]) - accuracy_at(q, curve(p)[0][i]) for p, q in zip(ra, rb)]
+                at = [accuracy_curve(p)[0][i] for p in ra]
+                d = [
+                    accuracy_at(accuracy_curve(p), c) - accuracy_at(accuracy_curve(q), c) for p, q, c in zip(ra, rb, at)
+                ]
                 lo_hi = paired_bootstrap_ci(d, np.zeros(len(d)))
                 print(f"    at {x:>6.0f} rollouts: {fmt(*lo_hi)}")
 

@@ -314,99 +314,95 @@ def format_calibration(diagnosis: Diagnosis) -> str:
         wheres = [("roots", lambda t: t.get("roots"))]
         wheres += [(f"depth {dn}", lambda t, dn=dn: t["prefixes"].get(dn)) for dn in names]
         wheres += [("prefixes", lambda t: t["prefixes"].get("all"))]
-        rows = []
-        for where, get in wheres:
-            for label, tab in by_period.items():
-                s = get(tab)
-                if s:
-                    rows.append([where, label, f"{s['n']:.0f}", _num(s["pred"]), _num(s["real"]), _num(s["ece"])])
-        header = ["where", "period", "n", "predicted", "realised", "ece"]
-        blocks.append(
-            "\n".join(
-                [
-                    f"{method}: V~ against outcomes no choice biased (roots: their bare rollouts; prefixes: every "
-                    "anchor against its own rollout)",
-                    *_table(header, rows),
-                ]
-            )
-        )
-        rows = []
-        for where, get in wheres:
-            s = get(run)
-            for b in s["bins"] if s else []:
-                gap = f"{b['real'] - b['pred']:+.3f}"
-                rows.append(
-                    [where, f"{b['lo']:.1f}-{b['hi']:.1f}", f"{b['n']:.0f}", _num(b["pred"]), _num(b["real"]), gap]
-                )
-        header = ["where", "V~ bin", "n", "predicted", "realised", "realised - predicted"]
-        blocks.append("\n".join([f"{method}: reliability bins over the run", *_table(header, rows)]))
-        rows = []
+        blocks.append(_reliability_block(method, by_period, wheres))
+        blocks.append(_reliability_bins_block(method, run, wheres))
+        blocks += _flips_block(method, by_period, names)
+        blocks += _flips_by_outcome_block(method, by_period, names)
+        blocks += _flips_by_q_block(method, run)
+    return "\n\n".join(blocks)
+
+
+def _reliability_block(method: str, by_period: dict[str, dict], wheres: list) -> str:
+    """V~ against outcomes no choice biased, per where (roots, each depth, all prefixes) and period."""
+    rows = []
+    for where, get in wheres:
+        for label, tab in by_period.items():
+            s = get(tab)
+            if s:
+                rows.append([where, label, f"{s['n']:.0f}", _num(s["pred"]), _num(s["real"]), _num(s["ece"])])
+    header = ["where", "period", "n", "predicted", "realised", "ece"]
+    title = (
+        f"{method}: V~ against outcomes no choice biased (roots: their bare rollouts; prefixes: every "
+        "anchor against its own rollout)"
+    )
+    return "\n".join([title, *_table(header, rows)])
+
+
+def _reliability_bins_block(method: str, run: dict, wheres: list) -> str:
+    """The reliability bins over the run, per where."""
+    rows = []
+    for where, get in wheres:
+        s = get(run)
+        for b in s["bins"] if s else []:
+            gap = f"{b['real'] - b['pred']:+.3f}"
+            rows.append([where, f"{b['lo']:.1f}-{b['hi']:.1f}", f"{b['n']:.0f}", _num(b["pred"]), _num(b["real"]), gap])
+    header = ["where", "V~ bin", "n", "predicted", "realised", "realised - predicted"]
+    return "\n".join([f"{method}: reliability bins over the run", *_table(header, rows)])
+
+
+def _flips_block(method: str, by_period: dict[str, dict], names: list[str]) -> list[str]:
+    """The flips of the prefixes stage 2 chose, per depth and period: one block, or none without flips."""
+    rows = []
+    for dn in [*names, "all"]:
+        for label, tab in by_period.items():
+            f = tab["flips"].get(dn)
+            if f:
+                where = "prefixes" if dn == "all" else f"depth {dn}"
+                preds = [_num(f["pred"]), _num(f.get("raw", f["pred"])), _num(f["recal"]), _num(f["real"])]
+                counts = [str(f["chosen"]), str(f["continuations"])]
+                rows.append([where, label, *counts, *preds, *_bound_cells(f), _num(f["anchors_pred"])])
+    if not rows:
+        return []
+    header = ["where", "period", "chosen", "continuations", "predicted", "q of V~", "V~ recal.", "realised"]
+    header += ["95% interval", f"gap <= {FLIP_GAP_BOUND}", "all anchors"]
+    title = (
+        f"{method}: flips of the prefixes stage 2 chose (predicted: the q stage 2 allocated on; q of "
+        "V~: 1 - V~ after a success, V~ after a failure, the same unless predictor.flip_model="
+        "calibrated; V~ recal.: q of V~ with V~ mapped to its bin's realised success; gap <= b: "
+        "holds / misses when the realised share's interval lies within / beyond b of the prediction, "
+        "too few when the continuations cannot tell; all anchors: mean predicted q of every anchor)"
+    )
+    return ["\n".join([title, *_table(header, rows)])]
+
+
+def _flips_by_outcome_block(method: str, by_period: dict[str, dict], names: list[str]) -> list[str]:
+    """The same flips split by the anchor's bare outcome: one block, or none without them."""
+    rows = []
+    for outcome in ("failure", "success"):
         for dn in [*names, "all"]:
             for label, tab in by_period.items():
-                f = tab["flips"].get(dn)
+                f = tab.get("flips_by_outcome", {}).get(outcome, {}).get(dn)
                 if f:
-                    rows.append(
-                        [
-                            "prefixes" if dn == "all" else f"depth {dn}",
-                            label,
-                            str(f["chosen"]),
-                            str(f["continuations"]),
-                            _num(f["pred"]),
-                            _num(f.get("raw", f["pred"])),
-                            _num(f["recal"]),
-                            _num(f["real"]),
-                            *_bound_cells(f),
-                            _num(f["anchors_pred"]),
-                        ]
-                    )
-        if rows:
-            header = [
-                "where",
-                "period",
-                "chosen",
-                "continuations",
-                "predicted",
-                "q of V~",
-                "V~ recal.",
-                "realised",
-                "95% interval",
-                f"gap <= {FLIP_GAP_BOUND}",
-                "all anchors",
-            ]
-            blocks.append(
-                "\n".join(
-                    [
-                        f"{method}: flips of the prefixes stage 2 chose (predicted: the q stage 2 allocated on; q of "
-                        "V~: 1 - V~ after a success, V~ after a failure, the same unless predictor.flip_model="
-                        "calibrated; V~ recal.: q of V~ with V~ mapped to its bin's realised success; gap <= b: "
-                        "holds / misses when the realised share's interval lies within / beyond b of the prediction, "
-                        "too few when the continuations cannot tell; all anchors: mean predicted q of every anchor)",
-                        *_table(header, rows),
-                    ]
-                )
-            )
-        rows = []
-        for outcome in ("failure", "success"):
-            for dn in [*names, "all"]:
-                for label, tab in by_period.items():
-                    f = tab.get("flips_by_outcome", {}).get(outcome, {}).get(dn)
-                    if f:
-                        where = "prefixes" if dn == "all" else f"depth {dn}"
-                        cells = [str(f["continuations"]), _num(f["pred"]), _num(f["real"]), *_bound_cells(f)]
-                        rows.append([f"after a {outcome}", where, label, *cells])
-        if rows:
-            header = ["bare outcome", "where", "period", "continuations", "predicted", "realised", "95% interval"]
-            header.append(f"gap <= {FLIP_GAP_BOUND}")
-            title = f"{method}: the same flips by the anchor's bare outcome (a bias can hide in a bin that pools both)"
-            blocks.append("\n".join([title, *_table(header, rows)]))
-        if run.get("flips_by_q"):
-            rows = [
-                [f"{b['lo']:.1f}-{b['hi']:.1f}", f"{b['n']:.0f}", _num(b["pred"]), _num(b["real"])]
-                for b in run["flips_by_q"]
-            ]
-            header = ["q bin", "continuations", "predicted", "realised"]
-            blocks.append("\n".join([f"{method}: flips by predicted q over the run", *_table(header, rows)]))
-    return "\n\n".join(blocks)
+                    where = "prefixes" if dn == "all" else f"depth {dn}"
+                    cells = [str(f["continuations"]), _num(f["pred"]), _num(f["real"]), *_bound_cells(f)]
+                    rows.append([f"after a {outcome}", where, label, *cells])
+    if not rows:
+        return []
+    header = ["bare outcome", "where", "period", "continuations", "predicted", "realised", "95% interval"]
+    header.append(f"gap <= {FLIP_GAP_BOUND}")
+    title = f"{method}: the same flips by the anchor's bare outcome (a bias can hide in a bin that pools both)"
+    return ["\n".join([title, *_table(header, rows)])]
+
+
+def _flips_by_q_block(method: str, run: dict) -> list[str]:
+    """The flips binned by predicted q over the run: one block, or none without them."""
+    if not run.get("flips_by_q"):
+        return []
+    rows = [
+        [f"{b['lo']:.1f}-{b['hi']:.1f}", f"{b['n']:.0f}", _num(b["pred"]), _num(b["real"])] for b in run["flips_by_q"]
+    ]
+    header = ["q bin", "continuations", "predicted", "realised"]
+    return ["\n".join([f"{method}: flips by predicted q over the run", *_table(header, rows)])]
 
 
 def format_p(p: float) -> str:

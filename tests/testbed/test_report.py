@@ -6,9 +6,10 @@ import pytest
 
 from trace_rl.config import ConfigError, load_config
 from trace_rl.methods import BudgetPlan
+from trace_rl.rollout.report import accuracy_at, accuracy_curve
 from trace_rl.testbed import simulate as sim
 from trace_rl.testbed.env import DEFAULT_MIX, TestbedConfig
-from trace_rl.testbed.report import accuracy_at, curve, format_seed_table, paired_difference, seed_statistics
+from trace_rl.testbed.report import format_seed_table, paired_difference, seed_statistics
 from trace_rl.testbed.simulate import PRESETS, SimulateConfig, TestbedPolicyConfig, run_seeds
 
 
@@ -49,10 +50,10 @@ def _run(before, points):
 
 def test_curve_starts_at_zero_and_accumulates_cost():
     recs = _run(0.2, [(10, 30, None), (10, 30, 0.4), (10, 30, None), (10, 30, 0.5)])
-    xs, ys = curve(recs)
+    xs, ys = accuracy_curve(recs)  # from the accuracy before training the first record holds
     assert xs.tolist() == [0, 20, 40] and ys.tolist() == [0.2, 0.4, 0.5]
-    assert curve(recs, "rollout/turns")[0].tolist() == [0, 60, 120]
-    assert accuracy_at(recs, 30) == pytest.approx(0.45)
+    assert accuracy_curve(recs, cost="rollout/turns")[0].tolist() == [0, 60, 120]
+    assert accuracy_at(accuracy_curve(recs), 30) == pytest.approx(0.45)
 
 
 def test_seed_statistics_by_hand():

@@ -166,9 +166,15 @@ def format_over_seeds(rows: list[dict]) -> str:
 
 
 # -- accuracy against cost ----------------------------------------------------------------------------------
-def accuracy_curve(records: list[dict], start: float, cost: str, running_total: bool = False) -> Curve:
-    """(cost spent, held-out accuracy) at each evaluation (`eval/accuracy`), from (0, `start`). `cost` is a
-    per-step record key summed over steps, or with `running_total` a key that already holds the total so far."""
+def accuracy_curve(
+    records: list[dict], start: float | None = None, cost: str = "rollout/rollouts", running_total: bool = False
+) -> Curve:
+    """(cost spent, held-out accuracy) at each evaluation (`eval/accuracy`), from (0, `start`). `start` None: the
+    accuracy before training that the run's first record holds (`eval/accuracy_before`, as `simulate` records
+    it). `cost` is a per-step record key summed over steps, or with `running_total` a key that already holds the
+    total so far."""
+    if start is None:
+        start = records[0]["eval/accuracy_before"]
     xs, ys, spent = [0.0], [start], 0.0
     for r in records:
         spent = float(r[cost]) if running_total else spent + r[cost]

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from ..rollout.report import (
-    Curve,
     accuracy_curve,
     cost_to_target,
     format_interval,
@@ -30,21 +29,9 @@ from ..rollout.report import (
     interval,
     paired_at_equal_cost,
 )
-from ..rollout.report import accuracy_at as read_curve
 from ..stats import mean_ci
 
 Runs = list[dict[str, list[dict]]]  # one {method: records} per seed
-
-
-def curve(records: list[dict], cost: str = "rollout/rollouts") -> Curve:
-    """(cumulative cost, exact held-out accuracy) at each evaluation, from (0, accuracy before training, which
-    the testbed records at its first step)."""
-    return accuracy_curve(records, records[0]["eval/accuracy_before"], cost)
-
-
-def accuracy_at(records: list[dict], spent: float, cost: str = "rollout/rollouts") -> float:
-    """Accuracy read off the curve against `cost` at `spent` (linear between evaluations)."""
-    return read_curve(curve(records, cost), spent)
 
 
 def paired_difference(a: list[list[dict]], b: list[list[dict]], cost: str = "rollouts", level: float = 0.95) -> dict:
@@ -52,7 +39,9 @@ def paired_difference(a: list[list[dict]], b: list[list[dict]], cost: str = "rol
     smaller of the two runs' final `cost` ("rollouts" or "turns"): mean, percentile bootstrap interval, and the
     per-seed differences."""
     key = f"rollout/{cost}"
-    return paired_at_equal_cost([curve(r, key) for r in a], [curve(r, key) for r in b], level)
+    return paired_at_equal_cost(
+        [accuracy_curve(r, cost=key) for r in a], [accuracy_curve(r, cost=key) for r in b], level
+    )
 
 
 def seed_statistics(runs: Runs, focus: str = "trace", baseline: str = "grpo", level: float = 0.95) -> list[dict]:
@@ -62,20 +51,20 @@ def seed_statistics(runs: Runs, focus: str = "trace", baseline: str = "grpo", le
     for name in methods:
         recs = [run[name] for run in runs]
         start = [r[0]["eval/accuracy_before"] for r in recs]
-        final = [curve(r)[1][-1] for r in recs]
+        final = [accuracy_curve(r)[1][-1] for r in recs]
         row = {
             "method": name,
             "seeds": len(runs),
             "start_accuracy": interval(start, level),
             "final_accuracy": interval(final, level),
             "gain": interval(np.subtract(final, start), level),
-            "rollouts": float(np.mean([curve(r)[0][-1] for r in recs])),
-            "turns": float(np.mean([curve(r, "rollout/turns")[0][-1] for r in recs])),
+            "rollouts": float(np.mean([accuracy_curve(r)[0][-1] for r in recs])),
+            "turns": float(np.mean([accuracy_curve(r, cost="rollout/turns")[0][-1] for r in recs])),
         }
         if baseline in runs[0]:
-            targets = [curve(run[baseline])[1][-1] for run in runs]
+            targets = [accuracy_curve(run[baseline])[1][-1] for run in runs]
             for cost in ("rollouts", "turns"):
-                curves = [curve(r, f"rollout/{cost}") for r in recs]
+                curves = [accuracy_curve(r, cost=f"rollout/{cost}") for r in recs]
                 row[f"{cost}_to_{baseline}_final"] = cost_to_target(curves, targets, level)
         for other, sign, key in ((baseline, 1, f"minus_{baseline}"), (focus, -1, f"{focus}_minus")):
             if other not in runs[0] or other == name:
@@ -117,7 +106,7 @@ def plot_accuracy_vs_cost(runs: Runs, path: Path, cost: str = "rollouts", level:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in runs[0]:
-        curves = [curve(run[name], f"rollout/{cost}") for run in runs]
+        curves = [accuracy_curve(run[name], cost=f"rollout/{cost}") for run in runs]
         n = min(len(x) for x, _ in curves)
         xs = np.mean([x[:n] for x, _ in curves], axis=0)
         ys = np.array([y[:n] for _, y in curves])

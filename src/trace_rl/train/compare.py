@@ -59,6 +59,7 @@ from ..rollout.report import (
     interval,
     paired_interval,
     run_means,
+    summarize,
     write_summary,
 )
 from ..stack.env_config import upgrade_run_settings
@@ -273,9 +274,8 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
     for spec, seeds in runs.items():
         name, advantage = parse_method(spec)
         recs = [s["records"] for s in seeds]
-        rollouts = [sum(r["rollout/rollouts"] for r in rs) for rs in recs]
-        groups = [1000 * sum(r["rollout/contrast_groups"] for r in rs) / max(n, 1) for rs, n in zip(recs, rollouts)]
-        er = run_means(recs, "rollout/effective_ratio")
+        own = [summarize({spec: rs})[0] for rs in recs]  # each seed's run as the one report shapes a run's row
+        er = [r["effective_ratio"] for r in own]
         row = {
             "method": spec,
             "allocation": name,
@@ -291,17 +291,11 @@ def summarize_compare(runs: dict[str, list[dict]]) -> list[dict]:
             "eval_se": float(np.mean([s.get("accuracy_se") or math.nan for s in seeds])),
             "eval_se_sampling": float(np.mean([s.get("accuracy_se_sampling") or math.nan for s in seeds])),
             "effective_ratio": interval(er),
-            "groups_per_1k": interval(groups),
+            "groups_per_1k": interval([r["groups_per_1k"] for r in own]),
             "adv_nonzero_token_share": interval(run_means(recs, "train/adv_nonzero_token_share")),
             "grad_norm": interval(run_means(recs, "train/grad_norm")),
             "update_kl": interval(run_means(recs, "train/update_kl")),
-            "rollouts": float(np.mean(rollouts)),
-            "tokens": float(np.mean([sum(r["rollout/generated_tokens"] for r in rs) for rs in recs])),
-            "wall_s": float(
-                np.mean(
-                    [sum(r.get(f"timing_s/{k}", 0) for r in rs for k in ("total", "update", "eval")) for rs in recs]
-                )
-            ),
+            **{key: float(np.mean([r[key] for r in own])) for key in ("rollouts", "tokens", "wall_s")},
         }
         paired = [s for s in seeds if _pair(s) in base]
         if paired:

@@ -268,11 +268,6 @@ def update_policy(
         zero = {**sums, "optimizer_steps": 0.0, **counts}
         bound = {"train/update_kl": 0.0, "train/update_kl_unbounded": 0.0, "train/update_scale": 1.0}
         return {**{f"train/{k}": v for k, v in zero.items()}, **signal, **bound}
-    loss_fn = POLICY_LOSSES[cfg.loss]
-    clip = {"clip_ratio_low": cfg.clip_ratio, "clip_ratio_high": cfg.clip_ratio_high or cfg.clip_ratio}
-    if cfg.clip_ratio_c is not None:
-        clip["clip_ratio_c"] = cfg.clip_ratio_c
-    device = next(model.parameters()).device
     ref_lps = [_reference_logprobs(model, ref_model, group, cfg, temperature) for group in groups]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     was_training = model.training
@@ -286,41 +281,10 @@ def update_policy(
                 before = [token_logprobs(model, b, temperature, cfg.tree_attention, cfg.dtype) for b in batches]
         for epoch in range(cfg.epochs):
             for group, refs in zip(groups, ref_lps):
-                group_tokens = sum(b.policy_tokens for b in group)
-                if group_tokens == 0:
+                if sum(b.policy_tokens for b in group) == 0:
                     continue
-                group_segments = sum(len(b.segments) for b in group)
-                optimizer.zero_grad(set_to_none=True)
-                for i, b in enumerate(group):
-                    lp = token_logprobs(model, b, temperature, cfg.tree_attention, cfg.dtype)
-                    if epoch == 0 and len(groups) == 1:
-                        before.append(lp.detach())
-                    out = loss_fn(
-                        lp,
-                        b.old_logprobs.to(device),
-                        b.advantages.to(device),
-                        b.segment_ids.to(device),
-                        aggregation=cfg.aggregation,
-                        ref_logprobs=None if refs is None else refs[i],
-                        kl_coef=cfg.kl_coef,
-                        num_tokens=group_tokens,
-                        num_segments=group_segments,
-                        **clip,
-                    )
-                    out.loss.backward()
-                    share = b.policy_tokens / group_tokens  # token-weighted means across micro-batches
-                    sums["loss"] += out.loss.item()
-                    sums["pg_loss"] += out.pg_loss.item()
-                    for k in ("clip_frac", "kl", "approx_kl"):
-                        sums[k] += getattr(out, k).item() * share
-                limit = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-                norm = torch.nn.utils.clip_grad_norm_(params, limit)
-                sums["grad_norm"] += float(norm)
-                if math.isfinite(float(norm)):
-                    optimizer.step()
-                else:
-                    sums["skipped_steps"] += 1
-                optimizer.zero_grad(set_to_none=True)
+                keep = before if epoch == 0 and len(groups) == 1 else None  # one minibatch: its first forwards
+                _minibatch_step(model, optimizer, params, group, refs, cfg, temperature, sums, keep)
                 steps += 1
         measure = lambda: _update_kl(model, batches, before, temperature, num_tokens, cfg.tree_attention, cfg.dtype)
         update_kl = unbounded_kl = measure()
@@ -334,6 +298,60 @@ def update_policy(
     out = {f"train/{k}": v for k, v in {**means, **extra}.items()}
     bound = {"train/update_kl": update_kl, "train/update_kl_unbounded": unbounded_kl, "train/update_scale": scale}
     return {**out, **signal, **bound}
+
+
+def _minibatch_step(
+    model,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    group: list[PackedBatch],
+    refs: list | None,
+    cfg: UpdateConfig,
+    temperature: float,
+    sums: dict[str, float],
+    before: list[torch.Tensor] | None,
+) -> None:
+    """One optimizer step on one minibatch (`group`, with at least one trained token): forward and backward each
+    micro-batch, clip the gradient, step unless its norm is not finite. Adds to `sums` (loss and pg_loss summed over
+    the micro-batches, the rest token-weighted) and appends each micro-batch's log-probs to `before` when given."""
+    loss_fn = POLICY_LOSSES[cfg.loss]
+    clip = {"clip_ratio_low": cfg.clip_ratio, "clip_ratio_high": cfg.clip_ratio_high or cfg.clip_ratio}
+    if cfg.clip_ratio_c is not None:
+        clip["clip_ratio_c"] = cfg.clip_ratio_c
+    device = next(model.parameters()).device
+    group_tokens = sum(b.policy_tokens for b in group)
+    group_segments = sum(len(b.segments) for b in group)
+    optimizer.zero_grad(set_to_none=True)
+    for i, b in enumerate(group):
+        lp = token_logprobs(model, b, temperature, cfg.tree_attention, cfg.dtype)
+        if before is not None:
+            before.append(lp.detach())
+        out = loss_fn(
+            lp,
+            b.old_logprobs.to(device),
+            b.advantages.to(device),
+            b.segment_ids.to(device),
+            aggregation=cfg.aggregation,
+            ref_logprobs=None if refs is None else refs[i],
+            kl_coef=cfg.kl_coef,
+            num_tokens=group_tokens,
+            num_segments=group_segments,
+            **clip,
+        )
+        out.loss.backward()
+        share = b.policy_tokens / group_tokens  # token-weighted means across micro-batches
+        sums["loss"] += out.loss.item()
+        sums["pg_loss"] += out.pg_loss.item()
+        for k in ("clip_frac", "kl", "approx_kl"):
+            sums[k] += getattr(out, k).item() * share
+    limit = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(params, limit)
+    sums["grad_norm"] += float(norm)
+    if math.isfinite(float(norm)):
+        optimizer.step()
+    else:
+        sums["skipped_steps"] += 1
+    optimizer.zero_grad(set_to_none=True)
 
 
 @torch.no_grad()
