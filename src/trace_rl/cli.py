@@ -12,6 +12,7 @@ bug and keeps its traceback (exit code 1)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -137,6 +138,20 @@ def _check_out(cfg) -> None:
         raise ConfigError(f"out: cannot create the directory {out!r} (no permission to write in {there})")
 
 
+RUN_DIRECTORY_COMMANDS = ("train", "compare", "rollout", "simulate", "eval")  # their `out` is a run directory
+
+
+def _run_lock(command: str, cfg):
+    """The run directory's one-writer lock (`rollout.run_lock`) for a command that writes one; a second run on the
+    same `out` is refused in one line naming the first. Nothing to hold for other commands or an empty `out`."""
+    out = getattr(cfg, "out", "")
+    if command not in RUN_DIRECTORY_COMMANDS or not out:
+        return contextlib.nullcontext()
+    from .rollout.run_lock import run_lock
+
+    return run_lock(out, f"trace-rl {command}")
+
+
 def _probe(cfg) -> None:
     """An LM command's probes (the server answers, the model can load: `stack.build.probe_policy`; VIP's encoder
     is installed: `predictors.build.probe_predictor`), once, before any work. The configs are plain data, so
@@ -199,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg, yaml_text = load_config(cls, rest)
         _check_out(cfg)  # checks only: every refusal comes before anything is written
         _probe(cfg)
-        spec.runner()(cfg, yaml_text)
+        with _run_lock(command, cfg):
+            spec.runner()(cfg, yaml_text)
     except UserError as err:  # anything else is a bug in trace-rl: it keeps its traceback (exit code 1)
         print(f"trace-rl {command}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

@@ -8,9 +8,12 @@ own. The whole history is never re-tokenised, so the ids a trainer sees are the 
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 from ..envs.base import AgentEnv
+from ..errors import UserError
 
 _PLACEHOLDER = "\x00OBS\x00"
 
@@ -80,22 +83,67 @@ class Episode:
     reward: float = 0.0
     seed: int = 0  # the episode's random stream: turn t samples with derive_seed(seed, t)
     key: str = ""  # the tree it belongs to: backends that route requests keep a tree on one engine
+    task: str = ""  # the task, as an error names it (`task_label`)
 
     def fork(self) -> "Episode":
         return Episode(
-            self.env.fork(), list(self.token_ids), list(self.turns), self.done, self.reward, self.seed, self.key
+            self.env.fork(),
+            list(self.token_ids),
+            list(self.turns),
+            self.done,
+            self.reward,
+            self.seed,
+            self.key,
+            self.task,
         )
+
+
+class NonFiniteReward(UserError):
+    """An environment ended an episode with a reward that is not a finite number (NaN, inf, not a number): one
+    line naming the environment and the task, and the step once the run loop or the evaluation adds it (`at`)."""
+
+    def __init__(self, message: str, where: str = ""):
+        super().__init__(f"{message} ({where})" if where else message)
+        self.message, self.where = message, where
+
+    def at(self, where: str) -> NonFiniteReward:
+        """The same error saying where in the run it came (kept when a caller nearer the source said it)."""
+        return self if self.where else NonFiniteReward(self.message, where)
+
+
+def task_label(task) -> str:
+    """A short name for a task: its index or id when it has one, else the start of its question."""
+    if isinstance(task, dict):
+        for key in ("index", "id", "task_id"):
+            if isinstance(task.get(key), (int, str)) and not isinstance(task.get(key), bool):
+                return f"{key} {str(task[key])[:60]}"
+        text = task.get("question", task.get("prompt", ""))
+        if isinstance(text, str) and text:
+            return repr(" ".join(text.split())[:60])
+    return repr(str(task)[:60])
 
 
 def start_episode(env: AgentEnv, task: dict, fmt: ChatFormat) -> Episode:
     question = env.reset(task)
-    return Episode(env, fmt.prompt_ids(env.system_prompt(), question))
+    return Episode(env, fmt.prompt_ids(env.system_prompt(), question), task=task_label(task))
+
+
+def _check_reward(ep: Episode, reward) -> float:
+    """A final reward as a float; `NonFiniteReward` (one line) for NaN, inf or a non-number, never scored."""
+    if isinstance(reward, numbers.Real) and math.isfinite(float(reward)):
+        return float(reward)
+    env = getattr(ep.env, "name", None) or type(ep.env).__name__
+    raise NonFiniteReward(
+        f"env {env}: task {ep.task} ended with the reward {reward!r}; an environment's rewards are finite numbers"
+    )
 
 
 def apply_generation(ep: Episode, gen, fmt: ChatFormat) -> Turn:
     """Feed one sampled assistant turn to the environment and extend the episode's history."""
     text = fmt.tok.decode(gen.token_ids, skip_special_tokens=True)
     obs, reward, done, info = ep.env.step(text)
+    if done:
+        reward = _check_reward(ep, reward)
     closed = bool(gen.token_ids) and gen.token_ids[-1] == fmt.tok.eos_token_id
     thought, _, action = text.partition("Action:")
     obs_ids = [] if done else fmt.observation_ids(obs, closed)

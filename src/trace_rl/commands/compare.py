@@ -203,7 +203,10 @@ def _run_rollout(cfg: RolloutCompareConfig, spec: str, seed: int, warm: int, pos
     run = Path(run_cfg.out)
     if not open_run(run, spec, seed, warm, _rollout_finished(run, run_cfg), _rollout_settings(run_cfg), position):
         return run
-    rollout_command.run(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)))
+    from ..rollout.run_lock import run_lock
+
+    with run_lock(run, "a run of trace-rl compare"):
+        rollout_command.run(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)))
     return run
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..agent.react import ChatFormat, start_episode
+from ..agent.react import ChatFormat, NonFiniteReward, start_episode
 from ..seeding import derive_seed
 from ..tree import RolloutTree
 from .engine import TreeRolloutEngine, evaluation_seed
@@ -50,14 +50,18 @@ def evaluate(
     engine of `policy` (an engine, or an actor). With `results`, one record per sample is appended to it: task
     index, sample, score, turns and the generated text."""
     bar = _bar(len(tasks) * samples, label, progress)
-    run = evaluation_engine(policy).evaluate(
-        tasks,
-        samples,
-        seeds=lambda i, s: evaluation_seed(seed, i, s),
-        batch=batch,
-        on_done=lambda i, s: bar.update(1),  # the bar moves per finished episode, not per batch
-    )
-    bar.close()
+    try:
+        run = evaluation_engine(policy).evaluate(
+            tasks,
+            samples,
+            seeds=lambda i, s: evaluation_seed(seed, i, s),
+            batch=batch,
+            on_done=lambda i, s: bar.update(1),  # the bar moves per finished episode, not per batch
+        )
+    except NonFiniteReward as err:  # never scored (NaN as a failure, inf as a success): one line saying where
+        raise err.at(label or "evaluation") from None
+    finally:
+        bar.close()
     correct = np.zeros(len(tasks), dtype=int)
     for i, task in enumerate(tasks):
         for s, turns in enumerate(run.rollouts(i)):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..agent.react import NonFiniteReward
 from ..methods import Method
 from ..predictors.diagnostics import node_records
 from ..tree import save_trees
@@ -65,7 +66,14 @@ class RunLoop:
 
     def step(self, step: int, steps: int, before: dict | None = None) -> tuple[StepRecord, StepResult]:
         """One step of `steps`: grow the trees, record them, update the policy, evaluate when due. `before`:
-        eval/ metrics of the start policy, which go into step 0's record (the start of every accuracy curve)."""
+        eval/ metrics of the start policy, which go into step 0's record (the start of every accuracy curve).
+        An environment's non-finite reward is one line naming the environment, the task and this step."""
+        try:
+            return self._step(step, steps, before)
+        except NonFiniteReward as err:  # the environment and task are named where the reward came back
+            raise err.at(f"at step {step + 1}") from None
+
+    def _step(self, step: int, steps: int, before: dict | None) -> tuple[StepRecord, StepResult]:
         if self.learner:
             self.learner.begin_step()
         result = self.engine.grow(self.pool(step), self.method, step)

@@ -102,16 +102,26 @@ def save_checkpoint(
     seed, settings digest, settings) goes into the manifest, so a resume can tell this run's checkpoints from
     another's."""
     root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"
     tmp = root / f".tmp-global_step_{step}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    _write_files(tmp, model, tokenizer, optimizer, predictor, state, config_yaml)
-    for f in tmp.iterdir():  # on disk before the manifest vouches for them
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    _write_manifest(tmp, step, run)  # last: its presence says every other file was complete
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _write_files(tmp, model, tokenizer, optimizer, predictor, state, config_yaml)
+        for f in tmp.iterdir():  # on disk before the manifest vouches for them
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        _write_manifest(tmp, step, run)  # last: its presence says every other file was complete
+    except (OSError, RuntimeError) as err:  # a full disk, a quota, an I/O error (torch's writer: RuntimeError)
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            kept = checkpoints(root)
+        except OSError:
+            kept = []
+        previous = f"the previous checkpoint {kept[-1][1]} is kept" if kept else "there is no earlier checkpoint"
+        why = getattr(err, "strerror", None) or (str(err).splitlines() or [type(err).__name__])[0]
+        raise CheckpointSaveError(f"checkpoint: could not save step {step} in {root} ({why}); {previous}") from None
     if final.is_symlink() or (final.exists() and not final.is_dir()):
         # a link (maybe to another run's checkpoint) or a stray file: moved aside, never followed or deleted
         os.replace(final, _free_name(final.with_name(f"{final.name}.damaged")))
@@ -153,6 +163,10 @@ def run_record(seed: int, settings: dict) -> dict:
     (with a digest, so that equal settings are one string compare; the settings themselves name what differs)."""
     text = json.dumps(settings, sort_keys=True, default=str, allow_nan=False)
     return {"seed": seed, "settings_digest": hashlib.sha256(text.encode()).hexdigest()[:16], "settings": settings}
+
+
+class CheckpointSaveError(UserError):
+    """Writing a checkpoint failed (a full disk, ...): one line naming the step, the cause and what is kept."""
 
 
 class CheckpointError(Exception):

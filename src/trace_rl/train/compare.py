@@ -158,6 +158,7 @@ def run_one(cfg: Study, spec: str, seed: int, warm: int, runner: Callable[..., d
     from omegaconf import OmegaConf
 
     from ..lm.warm_start import file_lock
+    from ..rollout.run_lock import run_lock
 
     shared = Path(cfg.out) / f"before_{pair_name(warm, seed)}.json"
     key = start_settings(run_cfg)
@@ -175,7 +176,8 @@ def run_one(cfg: Study, spec: str, seed: int, warm: int, runner: Callable[..., d
             tmp.replace(shared)
             held.close()
 
-        runner(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)), before=before, on_before=share)
+        with run_lock(run, "a run of trace-rl compare"):  # one writer: a `train out=` this run's folder is refused
+            runner(run_cfg, OmegaConf.to_yaml(OmegaConf.structured(run_cfg)), before=before, on_before=share)
     return run
 
 
