@@ -1,7 +1,7 @@
 """Backend and engine figures: the HF backend's tokens/s, its prefix-KV reuse for branching, and the engine's own
 overhead in one TRACE rollout step. Prints measured figures, asserts nothing.
 
-    python bench/bench_backend.py                       # the tiny CPU policy (after `trace-rl sft`), else random-tiny
+    python bench/bench_backend.py                       # the tiny CPU policy (shipped), else random-tiny
     python bench/bench_backend.py --model smollm2-135m
     python bench/bench_backend.py --quick --model random-tiny   # every figure at a small size, in seconds
 
@@ -26,6 +26,7 @@ from trace_rl.errors import UserError
 from trace_rl.methods import BudgetPlan, get_method
 from trace_rl.stack.build import build_actor, build_engine, build_env, build_predictor
 from trace_rl.stack.config import EngineConfig, LMEnvConfig, LMPredictorConfig
+from trace_rl.trace_config import TraceConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lm_policy import load_policy
@@ -113,13 +114,17 @@ def engine_step(policy, sizes: Sizes, seed: int = 0):
     method = get_method("trace")
     pred_cfg = LMPredictorConfig()
     predictor = build_predictor(pred_cfg, method, seed)
-    engine = build_engine(actor, predictor, sizes.plan, seed=seed, prefix_share=pred_cfg.prefix_share)
+    engine = build_engine(actor, predictor, TraceConfig(predictor=pred_cfg.settings()), seed=seed, plan=sizes.plan)
     return engine.grow(spec.train(sizes.plan.pool, seed + 5), method)
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="tiny (after trace-rl sft), random-tiny, smollm2-135m, a path")
+    ap.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (shipped), tiny@N (trace-rl sft seed=N), random-tiny, smollm2-135m, a path",
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--new-tokens", type=int, default=0, help="tokens per row (0: 48, --quick 8)")
     ap.add_argument("--quick", action="store_true", help="every figure at a small size (seconds on a CPU)")

@@ -26,6 +26,7 @@ from trace_rl.methods import BudgetPlan, get_method
 from trace_rl.predictors.lm_critic import LMCritic
 from trace_rl.stack.build import build_actor, build_engine, build_env, build_predictor
 from trace_rl.stack.config import EngineConfig, LMEnvConfig, LMPredictorConfig
+from trace_rl.trace_config import TraceConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lm_policy import load_policy
@@ -64,7 +65,7 @@ def measure(policy, predictor, plan: BudgetPlan, steps: int, max_new_tokens: int
     params = SamplingParams(max_new_tokens=max_new_tokens or spec.max_new_tokens)
     actor = build_actor(policy, spec, params, EngineConfig())
     method = get_method("trace")
-    engine = build_engine(actor, predictor, plan, seed=seed, prefix_share=LMPredictorConfig().prefix_share)
+    engine = build_engine(actor, predictor, TraceConfig(predictor=LMPredictorConfig().settings()), seed=seed, plan=plan)
     out = {"total": 0.0, "generate": 0.0, "predictor": 0.0, "losses": [], "rollouts": 0}
     for step in range(steps):
         res = engine.grow(spec.train(plan.pool, 100 + step), method, step)
@@ -79,7 +80,7 @@ def measure(policy, predictor, plan: BudgetPlan, steps: int, max_new_tokens: int
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="policy: tiny (after trace-rl sft), random-tiny, or any HF model")
+    ap.add_argument("--model", default="tiny", help="policy: tiny (shipped), random-tiny, or any HF model")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--critic", action="append", default=[], help="LM critic backbone(s) to measure (repeatable)")
     ap.add_argument("--steps", type=int, default=0, help="TRACE steps per predictor (0: 2, --quick 1)")
