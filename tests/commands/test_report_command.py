@@ -19,6 +19,7 @@ def test_blocks_are_found_and_filled_leaving_others_alone():
 
 
 def test_missing_runs_are_named_with_the_command_that_makes_them(tmp_path, capsys):
+    pytest.importorskip("torch")  # the tables read runs through trace_rl.train.compare
     assert main(["report", f"store={tmp_path}", "tables=lm_peers,testbed_accuracy"]) == 0
     err = capsys.readouterr().err
     assert "missing: lm_peers: no stored study 'lm_regime'" in err
@@ -27,6 +28,7 @@ def test_missing_runs_are_named_with_the_command_that_makes_them(tmp_path, capsy
 
 
 def test_an_unknown_table_or_a_study_that_is_not_one_is_one_line_and_writes_nothing(tmp_path, capsys):
+    pytest.importorskip("torch")
     assert main(["report", f"store={tmp_path / 's'}", "tables=nope"]) == 2
     assert "tables: unknown nope; choose from testbed_accuracy" in capsys.readouterr().err
     assert main(["report", f"store={tmp_path / 's'}", f"keep={tmp_path}"]) == 2
