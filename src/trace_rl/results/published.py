@@ -27,6 +27,7 @@ from ..train.compare import FIRST_EVALUATION_SEED, curves
 from .store import ANCHOR_COLUMNS, StoreError, read_store, records_as_nan
 
 MINUS = "\u2212"
+FOCUS = "trace"  # the method the testbed table reads every other against (and shows in bold)
 
 
 class MissingRuns(LookupError):
@@ -154,40 +155,37 @@ PEERS = [
 ]
 
 
+PEER_HEADER = ["task (pairs)", "a − b", "effective ratio a / b", "equal rollouts", "equal tokens"]
+
+
+def peer_row(stores: Stores, task: str, label: str, a: Arm, b: Arm) -> list[str]:
+    """One row of a peers table: a − b over their common pairs (`lm_difference`), `label` naming a."""
+    d = lm_difference(stores, a, b)
+    ratio = np.mean(d["er_a"]) / np.mean(d["er_b"])
+    return [
+        f"{task} ({d['pairs']})",
+        f"{label} {MINUS} {b.method.upper()}",
+        f"{ratio:.2f}x",
+        points(d["final"]),
+        points(d["tokens"]),
+    ]
+
+
 def lm_peers(stores: Stores) -> str:
-    rows = []
-    for task, study, ours, label, others in PEERS:
-        for i, other in enumerate(others):
-            d = lm_difference(stores, Arm(study, ours), Arm(study, other))
-            name = task if i == 0 else task.split(",")[0]
-            ratio = np.mean(d["er_a"]) / np.mean(d["er_b"])
-            rows.append(
-                [
-                    f"{name} ({d['pairs']})",
-                    f"{label} {MINUS} {other.upper()}",
-                    f"{ratio:.2f}x",
-                    points(d["final"]),
-                    points(d["tokens"]),
-                ]
-            )
-    return markdown(["task (pairs)", "a − b", "effective ratio a / b", "equal rollouts", "equal tokens"], rows)
+    rows = [
+        peer_row(stores, task if i == 0 else task.split(",")[0], label, Arm(study, ours), Arm(study, other))
+        for task, study, ours, label, others in PEERS
+        for i, other in enumerate(others)
+    ]
+    return markdown(PEER_HEADER, rows)
 
 
 def lm_calibrated(stores: Stores) -> str:
-    rows = []
-    for other in ("grpo", "pcl", "vip"):
-        d = lm_difference(stores, Arm("lm_calibrated", "trace"), Arm("lm_default", other))
-        ratio = np.mean(d["er_a"]) / np.mean(d["er_b"])
-        rows.append(
-            [
-                f"default ({d['pairs']})",
-                f"TRACE, calibrated {MINUS} {other.upper()}",
-                f"{ratio:.2f}x",
-                points(d["final"]),
-                points(d["tokens"]),
-            ]
-        )
-    return markdown(["task (pairs)", "a − b", "effective ratio a / b", "equal rollouts", "equal tokens"], rows)
+    ours = Arm("lm_calibrated", "trace")
+    rows = [
+        peer_row(stores, "default", "TRACE, calibrated", ours, Arm("lm_default", b)) for b in ("grpo", "pcl", "vip")
+    ]
+    return markdown(PEER_HEADER, rows)
 
 
 ABLATION = [
@@ -255,17 +253,17 @@ def testbed_accuracy(stores: Stores) -> str:
     seeds = sorted(set.intersection(*(set(r) for r in by_method.values())))
     runs = [{m: by_method[m][s]["records"] for m in methods} for s in seeds]
     rows = []
-    for row in seed_statistics(runs):
+    for row in seed_statistics(runs, focus=FOCUS):
         recs = [run[row["method"]] for run in runs]
         er = interval(run_means(recs, "rollout/effective_ratio"))["mean"]
         groups = sum(r["rollout/contrast_groups"] for rs in recs for r in rs)
         spent = sum(r["rollout/rollouts"] for rs in recs for r in rs)
-        name = f"**{row['method']}**" if row["method"] == "trace" else row["method"]
+        name = f"**{row['method']}**" if row["method"] == FOCUS else row["method"]
         rows.append(
             [
                 name,
                 f"{row['start_accuracy']['mean']:.3f} → {row['final_accuracy']['mean']:.3f}",
-                signed(row["trace_minus"]) if "trace_minus" in row else "-",
+                signed(row[f"{FOCUS}_minus"]) if f"{FOCUS}_minus" in row else "-",
                 _reach(row.get("rollouts_to_grpo_final"), len(seeds), "not reached"),
                 _reach(row.get("turns_to_grpo_final"), len(seeds), "-"),
                 f"{er:.3f}",
