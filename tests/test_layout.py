@@ -30,11 +30,11 @@ CORE = {
     "trace_config",
     "registry",
     "strict_json",
+    "errors",
+    "safe_read",
 }
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
-    "errors": 0,
-    "safe_read": 0,
     "plots": 1,
     "experimental": 1,
     "lm": 1,
@@ -60,10 +60,9 @@ HOLDS = {
     "the registries of strategies, estimators, predictors and methods (`module:attr` of one's own), "
     "methods and TRACE's one configuration (method, advantage, budget, predictor kind and prefix share, weighting), "
     "advantage estimators, step metrics, paired statistics over seeds, named random streams, "
-    "strict JSON for every file a run writes; numpy only",
-    "errors": "the user-error types the command line shows as one line (standard library only)",
-    "safe_read": "reading files a damaged disk may have replaced: regular files only, bounded, strict JSON "
-    "(standard library only)",
+    "strict JSON for every file a run writes, the user-error types the command line shows as one line, reading "
+    "files a user names or a damaged disk may have replaced (regular files only, every line and file bounded, "
+    "strict JSON); numpy only",
     "plots": "PNG plots of metrics (matplotlib)",
     "experimental": "the experimental methods and their strategies (research variants: `trace_cost`, `trace_mix`, the "
     "`active_*` root objectives, ...), named by the core's registries and imported only when chosen",

@@ -30,7 +30,6 @@ is drawn and `Diagnosis.note` says so in one line; the tables need numpy, and Sc
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ import numpy as np
 from .plots import grid_shape, plot_panels
 from .predictors.calibration import calibration_tables, depth_names, gap_verdict
 from .predictors.diagnostics import flip_rows, spearman_rho, summarize_records
+from .safe_read import loads, read_lines
 
 CALIBRATION_PNG = "calibration_by_depth.png"
 SPEARMAN_PNG = "spearman_over_steps.png"
@@ -53,14 +53,14 @@ FLIP_GAP_BOUND = 0.05  # |predicted - realised| flip share the tables test per d
 
 
 def _read_jsonl(path: Path) -> list[dict]:
+    """The records of a predictions.jsonl, within safe_read.BOUNDS["records"] (16 MiB a line, 4 GiB a file)."""
     rows = []
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    raise ValueError(f"{path}:{lineno}: not JSON") from None
+    for lineno, line in read_lines(path, "records"):
+        if line.strip():
+            try:
+                rows.append(loads(line, strict=False))  # NaN from runs before strict JSON still reads
+            except ValueError as err:
+                raise ValueError(f"{path}:{lineno}: not JSON ({err})") from None
     return rows
 
 

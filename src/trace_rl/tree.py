@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .safe_read import read_lines
 from .strict_json import dumps
 
 BARE, BRANCH, ROOT = "bare", "branch", "root"
@@ -265,15 +266,16 @@ def save_trees(path: str | Path, trees: Iterable[RolloutTree], append: bool = Fa
 
 
 def load_trees(path: str | Path) -> list[RolloutTree]:
+    """The trees of a JSON-lines file (`save_trees`); each line and the file within safe_read.BOUNDS["trees"]
+    (256 MiB a tree, 4 GiB in all: safe_read.TooLarge past them)."""
     trees = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                trees.append(RolloutTree.from_dict(json.loads(line)))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError is a ValueError
-                raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree ({err})") from None
-            except RecursionError:  # json's parser recurses once per nesting level
-                raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree (nested too deeply)") from None
+    for lineno, line in read_lines(path, "trees"):  # outside the try: its TooLarge stays one
+        if not line.strip():
+            continue
+        try:
+            trees.append(RolloutTree.from_dict(json.loads(line)))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError is a ValueError
+            raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree ({err})") from None
+        except RecursionError:  # json's parser recurses once per nesting level
+            raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree (nested too deeply)") from None
     return trees

@@ -16,7 +16,8 @@ blocks in place; the URL fragment presets them, e.g. tree.html#mixed=1&method=tr
 expands the trees shown).
 
 Limits: the whole file is rendered up front (no paging), so tens of thousands of turns make a slow page; token
-ids and log-probs are not shown, only how many tokens a turn has.
+ids and log-probs are not shown, only how many tokens a turn has. A trees file is read within
+safe_read.BOUNDS["trees"] (256 MiB a tree, 4 GiB a file): past them, one line naming the file and the line.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from .allocation import prefix_flip_prob
 from .metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
+from .safe_read import read_lines
 from .tree import ROOT, RolloutTree, TurnNode
 
 
@@ -55,19 +57,18 @@ def load_entries(paths: Iterable[str | Path]) -> list[TreeEntry]:
         if not path.is_file():
             raise FileNotFoundError(f"no trees file {path}")
         default = _method_from_name(path)
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    data = json.loads(line)
-                    tree = RolloutTree.from_dict(data)
-                except (ValueError, KeyError, TypeError, AttributeError) as err:
-                    raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree ({err})") from None
-                except RecursionError:  # json's parser recurses once per nesting level
-                    raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree (nested too deeply)") from None
-                step = data.get("step")
-                out.append(TreeEntry(tree, str(data.get("method") or default), step if isinstance(step, int) else None))
+        for lineno, line in read_lines(path, "trees"):  # bounded (safe_read.BOUNDS); outside the try: one line
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                tree = RolloutTree.from_dict(data)
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree ({err})") from None
+            except RecursionError:  # json's parser recurses once per nesting level
+                raise ValueError(f"{path}:{lineno}: not a serialised RolloutTree (nested too deeply)") from None
+            step = data.get("step")
+            out.append(TreeEntry(tree, str(data.get("method") or default), step if isinstance(step, int) else None))
     return out
 
 

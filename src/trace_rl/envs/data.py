@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError, MissingFileError
+from ..safe_read import BOUNDS, read_bytes, read_lines
 
 MATH_FILES = {
     "aime24": "math/eval/aime.json",
@@ -92,9 +93,9 @@ def default_data_dir() -> Path:
     return checkout.parent / "shared" / "data"
 
 
-def _json_lines(path: Path, text: str) -> list:
+def _json_lines(path: Path) -> list:
     rows = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in read_lines(path, "tasks"):  # outside the try: its TooLarge and BadFile stay one line
         if line.strip():
             try:
                 rows.append(json.loads(line))
@@ -110,6 +111,10 @@ def read_rows(path: str | Path) -> list[dict]:
 
     A .json file may hold a list of rows, JSON lines (what `datasets.Dataset.to_json` writes), or pandas'
     default `to_json` layout ({column: {row: value}}).
+
+    Bounds (safe_read.BOUNDS["tasks"]): a line of JSON lines 16 MiB, the file 4 GiB; a .json file is parsed whole
+    up to 1 GiB, and a larger one is read as JSON lines. Past a bound: one line naming the file, the line and the
+    bound. Parquet is read by pyarrow or pandas, unbounded here.
     """
     path = Path(path)
     if not path.exists():
@@ -117,15 +122,15 @@ def read_rows(path: str | Path) -> list[dict]:
     if path.suffix == ".parquet":
         return _read_parquet(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.suffix != ".json" or path.stat().st_size > BOUNDS["tasks"].document:
+            return _json_lines(path)
+        text = read_bytes(path, BOUNDS["tasks"].document).decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(
             f"{path}: not UTF-8 text at byte {err.start} (rows are JSON lines, JSON or .parquet)"
         ) from None
     except OSError as err:
         raise ConfigError(f"{path}: cannot read it ({err.strerror or err})") from None
-    if path.suffix != ".json":
-        return _json_lines(path, text)
     try:
         data = json.loads(text)
     except RecursionError:
@@ -133,7 +138,8 @@ def read_rows(path: str | Path) -> list[dict]:
     except json.JSONDecodeError as err:
         if err.msg != "Extra data":  # a broken document, not several documents
             raise ConfigError(f"{path}: not valid JSON ({err})") from None
-        return _json_lines(path, text)
+        del text
+        return _json_lines(path)
     if isinstance(data, dict) and data and all(isinstance(v, dict) for v in data.values()):
         index = list(next(iter(data.values())))
         return [{col: data[col].get(i) for col in data} for i in index]

@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import ConfigError
+from ..safe_read import BOUNDS, read_bytes, read_lines
 
 
 @dataclass(frozen=True)
@@ -42,17 +43,31 @@ class Retriever(Protocol):
 _CORPUS_LAYOUT = "a corpus is {title: [sentences]} or a list of {title, text} or {contents} objects"
 
 
+def _read_corpus(path: Path) -> object:
+    """The parsed .json document, or the list of a JSON-lines file's objects (lines read one by one, bounded)."""
+    if path.suffix == ".json":
+        return json.loads(read_bytes(path, BOUNDS["corpus"].document).decode("utf-8"))
+    rows = []
+    for lineno, line in read_lines(path, "corpus"):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"line {lineno}: {err}") from None
+    return rows
+
+
 def load_corpus(path: str | Path) -> list[Passage]:
     """HotpotQA-style {title: [sentences]} or a list of {title, text} (MuSiQue, Search-R1 'contents'); `.jsonl`
     and other suffixes are read as one object per line. A file that is missing, unreadable or in another layout
-    is a ConfigError naming `corpus`, the row and what is allowed."""
+    is a ConfigError naming `corpus`, the row and what is allowed. Bounds (safe_read.BOUNDS["corpus"]): a line
+    16 MiB, no bound on a JSON-lines file (a corpus of millions of passages), a .json file (parsed whole) 1 GiB."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"corpus: no file {path}")
     try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else [json.loads(l) for l in text.splitlines() if l.strip()]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        data = _read_corpus(path)
+    except (OSError, ValueError, RecursionError) as err:  # BadFile (a bound, not UTF-8) too: named as `corpus`
         raise ConfigError(f"corpus: cannot read {path} ({type(err).__name__}: {err})") from None
     if isinstance(data, dict):
         rows = [

@@ -25,6 +25,8 @@ import math
 import re
 from pathlib import Path
 
+from ..safe_read import read_json, read_lines
+
 STORE_SUFFIX = ".jsonl.gz"
 FORMAT = 1
 MAX_STORE_BYTES = 64 << 20
@@ -70,14 +72,14 @@ def _num(x):
 
 
 def _jsonl(path: Path) -> list[dict]:
+    """A run's records (metrics.jsonl, predictions.jsonl), within safe_read.BOUNDS["records"]."""
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    raise StoreError(f"{path}:{lineno}: not JSON") from None
+    for lineno, line in read_lines(path, "records"):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except (json.JSONDecodeError, RecursionError):
+                raise StoreError(f"{path}:{lineno}: not JSON") from None
     return rows
 
 
@@ -98,7 +100,10 @@ def compact_anchors(predictions: list[dict]) -> list[list]:
 
 def compact_lm_run(run_dir: Path, method: str) -> dict:
     """One finished `train` run of a compare study as a store line."""
-    summary = json.loads((run_dir / "train_summary.json").read_text())
+    try:
+        summary = read_json(run_dir / "train_summary.json", strict=False)  # bounded (64 MiB); NaN from older runs
+    except ValueError as err:
+        raise StoreError(f"{run_dir / 'train_summary.json'}: {err}") from None
     m = _PAIR.fullmatch(run_dir.name)
     if m is None:
         raise StoreError(f"{run_dir}: not a compare run directory (seed<k> or ws<W>-seed<k>)")

@@ -37,7 +37,7 @@ from ..errors import UserError
 from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
 from ..predictors.calibration import step_calibration
 from ..predictors.diagnostics import node_records, spearman_rho, step_diagnostics
-from ..safe_read import NotRegularFile, check_regular
+from ..safe_read import NotRegularFile, check_regular, read_lines
 from ..strict_json import dumps as finite_json  # strict JSON: NaN and infinities as null
 from .engine import StepResult
 
@@ -141,20 +141,20 @@ def _metric_nulls_as_nan(rec: dict) -> dict:
 
 
 def read_metrics(path: str | Path) -> dict[str, list[dict]]:
-    """Records of a metrics.jsonl by method, in step order (null metrics as NaN; old files with NaN read too)."""
+    """Records of a metrics.jsonl by method, in step order (null metrics as NaN; old files with NaN read too).
+    Each line within 16 MiB and the file within 4 GiB (safe_read.BOUNDS["records"]: TooLarge past them);
+    NotRegularFile for a FIFO or a device."""
     out: dict[str, list[dict]] = {}
-    check_regular(path)
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
-                raise ValueError(f"{path}:{lineno}: not JSON") from None
-            if not isinstance(rec, dict) or "method" not in rec:
-                raise ValueError(f"{path}:{lineno}: not a metrics record")
-            out.setdefault(rec["method"], []).append(_metric_nulls_as_nan(rec))
+    for lineno, line in read_lines(path, "records"):  # bounded: safe_read.BOUNDS["records"]
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            raise ValueError(f"{path}:{lineno}: not JSON") from None
+        if not isinstance(rec, dict) or "method" not in rec:
+            raise ValueError(f"{path}:{lineno}: not a metrics record")
+        out.setdefault(rec["method"], []).append(_metric_nulls_as_nan(rec))
     return out
 
 

@@ -62,6 +62,7 @@ from ..rollout.report import (
     summarize,
     write_summary,
 )
+from ..safe_read import read_json
 from ..stack.env_config import upgrade_run_settings
 from ..strict_json import dumps
 from ..trace_config import method_spec
@@ -191,7 +192,7 @@ def load_runs(out: Path, methods: list[str], cfg: Study | None = None) -> dict[s
             pair = parse_pair(summary_path.parent.name)
             if pair is None or (cfg is not None and pair[0] not in cfg.warm_starts):
                 continue
-            summary = json.loads(summary_path.read_text())
+            summary = read_json(summary_path, strict=False)  # bounded (safe_read); NaN from runs before strict JSON
             if cfg is not None and not finished(summary_path.parent, _run_config(cfg, spec, pair[1], pair[0])):
                 continue  # fewer steps than asked: not finished under these settings
             recs = read_metrics(summary_path.parent / "metrics.jsonl")
