@@ -290,3 +290,30 @@ def test_the_backends_state_is_capped_so_a_step_costs_no_more_as_the_episode_gro
     assert "would grow the backends' state" in obs and not info["valid_action"]
     assert env.step("Action: call[ls()]")[0] == before and env.calls[0] == [["ls()"], ["ls()"]]  # no effect
     assert "error" not in env.step("Action: call[touch(file_name='one_more')]")[0].lower()
+
+
+def test_calls_past_the_size_or_depth_bound_are_refused_before_parsing(monkeypatch):
+    from trace_rl.envs import bfcl_env
+
+    entry = load_bfcl("multi_turn_base", limit=1)[0]
+    env = BFCLEnv()
+    env.reset(entry)
+    at_bound = "cd(folder=" + "[" * (bfcl_env.MAX_CALLS_DEPTH - 1) + "]" * (bfcl_env.MAX_CALLS_DEPTH - 1) + ")"
+    strings = "cd(folder='" + "(" * 100 + '\' + "[\\"{{")'  # brackets inside string literals do not count
+    assert bfcl_env.calls_too_big(at_bound) is None and bfcl_env.calls_too_big(strings) is None
+    a_million_keys = "cd(folder={" + ",".join(f"'k{i}': {i}" for i in range(10_000)) + "})"  # the issue's, smaller
+    too_deep = "cd(folder=" + "[" * bfcl_env.MAX_CALLS_DEPTH + "]" * bfcl_env.MAX_CALLS_DEPTH + ")"
+
+    def parse(*args, **kwargs):
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(bfcl_env.ast, "parse", parse)
+    for calls, said in (
+        (a_million_keys, "over the 100,000"),
+        (too_deep, f"nested {bfcl_env.MAX_CALLS_DEPTH + 1} deep"),
+    ):
+        obs, reward, done, info = env.step(f"Action: call[{calls}]")
+        assert obs.startswith("Error: could not parse the calls") and said in obs, obs[:200]
+        assert not info["valid_action"] and not done
+    monkeypatch.undo()
+    assert "could not parse" not in env.step(f"Action: call[{at_bound}]")[0]  # it runs (and the backend says no)

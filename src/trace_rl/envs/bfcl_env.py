@@ -43,6 +43,8 @@ stays bounded however long the episode. Scoring runs the checker in a bounded co
 episode fails (error_type "trace_rl:scoring"). Where fork is unavailable (not Linux or macOS), calls run here,
 unbounded.
 
+An action's calls are refused before parsing past MAX_CALLS_CHARS (100,000 characters) or MAX_CALLS_DEPTH (32
+nested brackets), far above what a model writes in one turn, so no action costs more than milliseconds to parse.
 No action text raises: calls too deeply nested to parse or evaluate, non-literal or unhashable arguments and
 backend errors become observations, and the calls' output is capped at `max_observation_chars` (100,000 by
 default, above what the long_context backends return by design; one action holding thousands of calls can
@@ -60,6 +62,7 @@ import inspect
 import itertools
 import json
 import pickle
+import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -75,6 +78,15 @@ STEP_BUDGET = 5  # the calls of one step together may take this many times call_
 CALL_MEMORY_MB = 1024  # memory a step's calls (and scoring) may add in their copy: mpmath at 4e9 digits took 2 GB
 MAX_STATE_BYTES = 1 << 20  # the backends' pickled state (the largest entry starts at 20 KB): bounds a step's cost
 SCORE_BUDGET = 15  # and the checker's replay of an episode this many times
+# An action's calls are bounded before they are parsed (a 13.8 MB action of a million-key dict took 18.6 s and 3 GB
+# in ast and its literals): a model's action is at most max_new_tokens long (256 by default, ~1,000 characters;
+# 4,096 tokens are ~20,000), and BFCL's arguments nest a few levels (lists of dicts).
+MAX_CALLS_CHARS = 100_000
+MAX_CALLS_DEPTH = 32  # brackets ( [ { nested in the calls (a call's own count), outside string literals
+_STRINGS = re.compile(
+    r'"""(?:\\.|[^\\])*?"""' r"|'''(?:\\.|[^\\])*?'''" r'|"(?:\\.|[^"\\\n])*"' r"|'(?:\\.|[^'\\\n])*'"
+)
+_NOT_BRACKETS = re.compile(r"[^()\[\]{}]+")
 _run_ids = itertools.count()
 _CHECKER = "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"
 
@@ -336,6 +348,9 @@ class BFCLEnv:
 
     # -- calls --------------------------------------------------------------------------------------
     def _run_calls(self, text: str) -> tuple[str, bool]:
+        too_big = calls_too_big(text)
+        if too_big:
+            return f"Error: could not parse the calls ({too_big}). Write: call[f(a=1), g(b='x')]", False
         try:
             tree = ast.parse("(" + text + ",)", mode="eval")
             nodes = tree.body.elts if isinstance(tree.body, ast.Tuple) else [tree.body]
@@ -420,6 +435,21 @@ class BFCLEnv:
             what = f"ran past its {limit:g} s limit" if status == "timeout" else f"failed ({verdict})"
             verdict = {"valid": False, "error_type": "trace_rl:scoring", "error_message": f"scoring {what}"}
         return float(bool(verdict["valid"])), verdict
+
+
+def calls_too_big(text: str) -> str | None:
+    """Why the calls `text` are refused before parsing (longer than MAX_CALLS_CHARS, or brackets nested deeper
+    than MAX_CALLS_DEPTH outside string literals), or None. Linear in the text: two regular expressions and a
+    count, milliseconds at the bound."""
+    if len(text) > MAX_CALLS_CHARS:
+        return f"{len(text):,} characters, over the {MAX_CALLS_CHARS:,} the calls of one action may hold"
+    depth = deepest = 0
+    for c in _NOT_BRACKETS.sub("", _STRINGS.sub("", text)):
+        depth += 1 if c in "([{" else -1
+        deepest = max(deepest, depth)
+    if deepest > MAX_CALLS_DEPTH:
+        return f"brackets nested {deepest} deep, over the {MAX_CALLS_DEPTH} the calls of one action may use"
+    return None
 
 
 def _official_step_limit() -> int:
