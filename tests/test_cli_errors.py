@@ -13,6 +13,7 @@ import pytest
 from trace_rl import cli
 from trace_rl.cli import main
 from trace_rl.commands import propositions
+from trace_rl.tree import RolloutTree, save_trees
 
 
 @pytest.fixture
@@ -41,7 +42,11 @@ def files(tmp_path):
     (tmp_path / "text.jsonl").write_text("hello\n")
     dict_corpus = tmp_path / "dict_corpus.json"
     dict_corpus.write_text(json.dumps([{"contents": 3}]))
+    trees = tmp_path / "trees_x.jsonl"
+    save_trees(trees, [RolloutTree(0, prompt="q")])
+    (tmp_path / "env.yaml").write_text("env:\n  hint_noise: ${oc.env:TRACE_RL_TEST_SECRET,0.3}\n")
     return {
+        "trees": trees,
         "corpus": corpus,
         "bad_corpus": bad_corpus,
         "dict_corpus": dict_corpus,
@@ -117,6 +122,25 @@ CASES = [
     (["fetch-data", "out={tmp}/data", "sets=chess"], "sets"),
     (["fetch-data", "out={tmp}/data", "mirror=ftp://example.org"], "mirror"),
     (["fetch-data", "out={tmp}/data", "mirror=file://{tmp}/no-mirror"], "mirror"),
+    # issue 50, item 6: each once a traceback, a run that could not end, or a secret copied into config.yaml
+    (["view", "{trees}", "out=/etc/passwd/x.html"], "out"),
+    (["train", "logger=" + ",".join(["none"] * 20_000)], "logger"),
+    (["simulate", "seeds=" + ",".join(map(str, range(100_000)))], "seeds"),
+    (["simulate", "seeds=" + ",".join(map(str, range(2_000)))], "seeds"),
+    (["simulate", "steps=[" + ",".join(["1"] * 20_000) + "]"], "steps"),
+    (["eval", "data=" + "a" * 100_000], "data"),
+    (["eval", "data={tmp}/" + "a" * 300], "data"),
+    (["view", "{tmp}/" + "a" * 300], "trees"),
+    (["simulate", "out={tmp}/" + "a" * 300], "out"),
+    (["train", "steps=99999999999999999999"], "steps"),
+    (["simulate", "steps=1000001"], "steps"),
+    (["simulate", "budget.prompts=1000000000"], "budget.prompts"),
+    (["compare", "command=rollout", "rollout.budget.rollouts_per_prompt=1000000000"], "rollouts_per_prompt"),
+    (["diagnose", "{run}", "max_depth=1000000"], "max_depth"),
+    (["simulate", "out=${{oc.env:HOME}}/x"], "out"),
+    (["simulate", "--config", "{tmp}/env.yaml", "out={tmp}/sim"], "env.hint_noise"),
+    (["simulate", "env.hint_noise=nan"], "env.hint_noise"),
+    (["train", "env=bfcl", "env.bfcl.call_timeout_s=inf"], "env.bfcl.call_timeout_s"),
 ]
 
 
@@ -138,7 +162,22 @@ def test_bad_input_is_one_line_naming_the_setting(files, capsys, monkeypatch, ar
     finally:
         busy.close()
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and key in err and "Traceback" not in err, err
+    assert err.count("\n") == 1 and key in err and "Traceback" not in err, err[:2000]
+    assert len(err) < 1000  # the message names the setting; it does not echo a 100,000-character value
+
+
+def test_interpolation_never_reaches_a_runs_config(files, monkeypatch, capsys):
+    from trace_rl.config import load_config
+    from trace_rl.errors import ConfigError
+    from trace_rl.testbed.simulate import SimulateConfig
+
+    monkeypatch.setenv("TRACE_RL_TEST_SECRET", "0.123456")  # what OmegaConf would resolve and write back
+    for argv in (["--config", str(files["tmp"] / "env.yaml")], ["env.hint_noise=${oc.env:TRACE_RL_TEST_SECRET}"]):
+        with pytest.raises(ConfigError, match="interpolation is not read"):
+            load_config(SimulateConfig, argv)
+    out = files["tmp"] / "sim"
+    assert main(["simulate", "--config", str(files["tmp"] / "env.yaml"), f"out={out}", "steps=1"]) == 2
+    assert not out.exists() and "0.123456" not in capsys.readouterr().err
 
 
 def boom(exc: BaseException):

@@ -13,6 +13,7 @@ bug and keeps its traceback (exit code 1)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib
 import os
 import sys
@@ -125,17 +126,18 @@ def _check_out(cfg) -> None:
     """The run directory can be created, checked without creating it (before any work, so a bad `out` never
     costs a run; and nothing is written before every check has passed, so a refused command leaves nothing
     behind: the runner creates `out` once it starts its work). Checked: the deepest part of the path that exists
-    is a directory this process may write to."""
+    is a directory this process may write to; for a page (`view`'s out.html), the same of its folder."""
     out = getattr(cfg, "out", "")
-    if not out or out.endswith(".html"):
+    if not out:
         return
-    there = Path(out)
+    what = "the file" if out.endswith(".html") else "the directory"
+    there = Path(out).parent if out.endswith(".html") else Path(out)
     while not there.exists() and not there.is_symlink() and there != there.parent:
         there = there.parent
     if not there.is_dir():
-        raise ConfigError(f"out: cannot create the directory {out!r} ({there} is not a directory)")
+        raise ConfigError(f"out: cannot create {what} {out!r} ({there} is not a directory)")
     if not os.access(there, os.W_OK | os.X_OK):
-        raise ConfigError(f"out: cannot create the directory {out!r} (no permission to write in {there})")
+        raise ConfigError(f"out: cannot create {what} {out!r} (no permission to write in {there})")
 
 
 RUN_DIRECTORY_COMMANDS = ("train", "compare", "rollout", "simulate", "eval")  # their `out` is a run directory
@@ -167,6 +169,19 @@ def _probe(cfg) -> None:
         probe_policy(policy)
         methods = getattr(cfg, "methods", None) or [getattr(group, "method", "")]
         probe_predictor(getattr(group, "predictor", None), [method_spec(m)[0] for m in methods])
+
+
+def _too_long(err: OSError, argv: list[str]) -> str:
+    """One line for a path the system refuses as too long (ENAMETOOLONG), naming the setting that holds it."""
+    name = os.fsdecode(err.filename or "")
+    key = next(
+        (k for k, _, v in (a.partition("=") for a in argv) if v and (v in name or name in v)),
+        "--config" if "--config" in argv and name in argv else "a path",
+    )
+    return (
+        f"{key}: a path of {len(os.fsencode(name)):,} bytes that the file system refuses as too long (a name in it "
+        "is at most 255 bytes on most, a path 4,096)"
+    )
 
 
 def _usage(commands: dict[str, Command]) -> str:
@@ -223,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         if not err.name or err.name.split(".")[0] == "trace_rl":
             raise
         print(f"trace-rl {command}: error: needs the package {err.name!r}, which is not installed", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno != errno.ENAMETOOLONG:  # any other is a bug, or the machine's: it keeps its traceback
+            raise
+        print(f"trace-rl {command}: error: {_too_long(err, rest)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         said = "stopped" if command == "serve-retriever" else "interrupted; what was written so far is kept"

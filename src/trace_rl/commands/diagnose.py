@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from ..config import check_count
 from ..errors import ConfigError
+
+MAX_DEPTH = 1_000
 
 
 @dataclass
@@ -19,8 +22,8 @@ class DiagnoseConfig:
     def __post_init__(self):
         if not self.run_dir:
             raise ValueError("run_dir: give the run directory, e.g. trace-rl diagnose runs/simulate")
-        if self.max_depth < 1:
-            raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+        # the tables and plots loop over depths: a million took minutes; a trajectory of 1,000 turns is none we know
+        check_count("max_depth", self.max_depth, MAX_DEPTH, why="deeper prefixes are pooled in the last row")
 
 
 def run(cfg: DiagnoseConfig, yaml_text: str = "") -> dict:
