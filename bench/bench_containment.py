@@ -1,8 +1,10 @@
 """What the environments contain, replayed from outside (the figures of docs/results/2026-12-02-env-containment.md):
-kernel-memory floods in the strict sandbox (the machine's Slab and MemAvailable sampled while they run), callers
-killed at random moments (sandbox processes left running), the strict sandbox's per-call time, BFCL steps of
+kernel-memory floods in the strict sandbox with and without a memory cgroup (the machine's Slab and MemAvailable
+sampled while they run), the POSIX timers and AIO contexts one call takes, callers killed at random moments
+(sandbox processes left running, counted by process tree), the strict sandbox's per-call time, BFCL steps of
 5,000 touch() calls as the episode's state grows, and a retriever server under slow-body connections.
-Run: PYTHONPATH=src python bench/bench_containment.py [sandbox|bfcl|server ...]; run it on old code too to compare."""
+Run: PYTHONPATH=src python bench/bench_containment.py [sandbox|bfcl|server ...]; to measure old code's callers with
+this counter, set BENCH_CALLER_SRC to the old checkout's src."""
 
 from __future__ import annotations
 
@@ -24,71 +26,107 @@ def meminfo() -> dict[str, int]:
         return {k: int(v.split()[0]) >> 10 for k, v in (line.split(":", 1) for line in fh)}
 
 
-def sandbox_processes() -> list[int]:
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"trace-rl-sandbox-" in fh.read():
-                    out.append(int(pid))
-        except OSError:
-            pass
-    return out
-
-
 FLOODS = {
     "xattrs (8 x 64 KB per file)": "p = 'f%d' % n; open(p, 'w').close()\n"
     "    for k in range(8): os.setxattr(p, 'user.k%d' % k, b'v' * 65000)",
+    "xattrs by setxattrat (463)": "p = b'f%d' % n; open(p, 'w').close(); v = ctypes.create_string_buffer(65000)\n"
+    "    a = (ctypes.c_uint64 * 2)(ctypes.addressof(v), 65000)\n"
+    "    for k in range(8):\n"
+    "      if libc.syscall(463, -100, p, 0, b'user.k%d' % k, a, ctypes.c_size_t(16)):\n"
+    "        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))",
     "empty files, 200-char names": "open('x' * 200 + str(n), 'w').close()",
     "folders, 200-char names": "os.mkdir('x' * 200 + str(n))",
 }
+COUNTS = (  # what one call takes from counts the host shares: POSIX timers and AIO contexts
+    "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nev = (ctypes.c_int * 16)(0, 0, 0, 1)\n"
+    "t = 0\nwhile t < 200000 and libc.syscall(222, 1, ev, ctypes.byref(ctypes.c_int())) == 0: t += 1\n"
+    "a = 0\nwhile a < 70000 and libc.syscall(206, 1, ctypes.byref(ctypes.c_ulong(0))) == 0: a += 1\n"
+    "print(t, 'timers,', a, 'AIO contexts')"
+)
+CALLER = (
+    "import sys; from trace_rl.envs import sandbox\nfrom trace_rl.envs.sandbox_host import sweep_stale\n"
+    "if sys.argv[1] == 'direct': sandbox.own_tmpfs = lambda: False\n"
+    "sandbox.require('strict'); sweep_stale(); print('go', flush=True)\n"
+    "sandbox.run_python('import time; time.sleep(600)', 600)\n"
+)
+
+
+def flood(label: str, body: str) -> str:
+    from trace_rl.envs.sandbox import run_python
+
+    code = "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\nn = 0; t = time.time()\ntry:\n"
+    code += f"  while time.time() - t < 4:\n    {body}\n    n += 1\n"
+    code += "except OSError as e: print(n, 'made, then', e.strerror)\nelse: print(n, 'made')"
+    base, low, done = meminfo(), {}, threading.Event()
+    low.update(slab=base["Slab"], avail=base["MemAvailable"])
+
+    def watch() -> None:
+        while not done.is_set():
+            m = meminfo()
+            low.update(slab=max(low["slab"], m["Slab"]), avail=min(low["avail"], m["MemAvailable"]))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    res = run_python(code, timeout_s=5)
+    done.set()
+    watcher.join()
+    return (
+        f"{label}: {res.observation()[:60]!r}; Slab +{low['slab'] - base['Slab']} MiB, "
+        f"MemAvailable -{base['MemAvailable'] - low['avail']} MiB (machine-wide, other jobs included)"
+    )
+
+
+def killed_callers(path: str, trials: int = 40) -> str:
+    """Callers SIGKILLed 0-120 ms into a call (after their warm-up); what each left, counted by process tree
+    (`stranded_processes`: sandbox processes handed to init, and everything below them), then ended."""
+    from trace_rl.envs.sandbox_host import stranded_processes
+
+    env = {**os.environ, "PYTHONPATH": os.environ.get("BENCH_CALLER_SRC", os.pathsep.join(sys.path))}
+    rng, hits = random.Random(0), []
+    for _ in range(trials):
+        with open("/proc/uptime") as fh:
+            start = int(float(fh.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+        proc = subprocess.Popen([sys.executable, "-c", CALLER, path], stdout=subprocess.PIPE, env=env)
+        proc.stdout.readline()
+        delay = rng.uniform(0, 0.12)
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        time.sleep(0.5)
+        left = stranded_processes(start)
+        if left:
+            hits.append(round(1000 * delay))
+        for pid in left:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+    return f"{path}: {len(hits)} of {trials} killed callers left processes (killed at {sorted(hits)} ms)"
 
 
 def bench_sandbox() -> None:
+    from trace_rl.envs import sandbox, sandbox_cgroup
     from trace_rl.envs.sandbox import run_python, strict_unavailable
 
     why = strict_unavailable()
     if why:
         print(f"strict sandbox unavailable: {why}")
         return
-    for label, body in FLOODS.items():
-        code = f"import os, time\nn = 0; t = time.time()\ntry:\n  while time.time() - t < 4:\n    {body}; n += 1\n"
-        code += "except OSError as e: print(n, 'made, then', e.strerror)\nelse: print(n, 'made')"
-        base, low, done = meminfo(), {}, threading.Event()
-        low.update(slab=base["Slab"], avail=base["MemAvailable"])
-
-        def watch(low: dict = low, done: threading.Event = done) -> None:
-            while not done.is_set():
-                m = meminfo()
-                low.update(slab=max(low["slab"], m["Slab"]), avail=min(low["avail"], m["MemAvailable"]))
-                time.sleep(0.05)
-
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        res = run_python(code, timeout_s=5)
-        done.set()
-        watcher.join()
-        print(
-            f"{label}: {res.observation()[:60]!r}; Slab +{low['slab'] - base['Slab']} MiB, "
-            f"MemAvailable -{base['MemAvailable'] - low['avail']} MiB (machine-wide, other jobs included)"
-        )
-    caller = (
-        "from trace_rl.envs.sandbox import run_python\nprint('go', flush=True)\n"
-        "run_python('import time; time.sleep(600)', 600)"
-    )
-    before, rng = set(sandbox_processes()), random.Random(0)
-    for _ in range(12):
-        proc = subprocess.Popen([sys.executable, "-c", caller], stdout=subprocess.PIPE)
-        proc.stdout.readline()
-        time.sleep(rng.uniform(0, 0.15))
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-    time.sleep(3)
-    left = [p for p in sandbox_processes() if p not in before]
-    print(f"callers SIGKILLed 0-150 ms after starting: {len(left)} of 12 left a sandbox running (killed now)")
-    for pid in left:
-        os.kill(pid, 9)
+    cgroup_root = sandbox_cgroup.memory_cgroup_root()
+    for where in ("default", "fallback"):
+        if where == "fallback":  # no cgroup, no util-linux launch chain: bwrap run directly, as docs/ describe
+            sandbox.CallCgroup.make = lambda *a: None
+            sandbox.own_tmpfs = lambda: False
+        how = "memory cgroup" if cgroup_root and where == "default" else "no memory cgroup"
+        chain = "launch chain" if where == "default" and sandbox.own_tmpfs() else "bwrap run directly"
+        print(f"-- {where} ({how}, {chain})")
+        for label, body in FLOODS.items():
+            print(flood(label, body))
+        print("shared counts:", run_python(COUNTS, timeout_s=20).observation())
+    for path in ("chain", "direct") if sandbox.own_tmpfs() else ("direct",):
+        print("callers SIGKILLed 0-120 ms into a call,", killed_callers(path))
     times = []
     for i in range(30):
         start = time.perf_counter()

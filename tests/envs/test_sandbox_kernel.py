@@ -1,7 +1,8 @@
 """The strict sandbox against what holds kernel memory or outlives its caller, judged from outside: extended
 attributes and inotify are refused, files and folders in /tmp stop at the inode limit, a memory cgroup (where
 one is delegated) stops what RLIMIT_AS does not count, a caller killed at any instant leaves no sandbox
-running, and a signal that ends the snippet is named for what it is. Floods are bounded by count and time."""
+process running (counted by process tree), and a signal that ends the snippet is named for what it is. Floods
+are bounded by count and time."""
 
 import os
 import random
@@ -11,12 +12,12 @@ import sys
 import time
 
 import pytest
-from sandbox_procs import now_ticks, sandbox_processes
+from sandbox_procs import now_ticks
 
 from trace_rl.envs import sandbox
 from trace_rl.envs.sandbox import run_python, signal_meaning
 from trace_rl.envs.sandbox_cgroup import kill_and_remove_stale, memory_cgroup_root, pids_cgroup_root
-from trace_rl.envs.sandbox_host import _owner_alive
+from trace_rl.envs.sandbox_host import _kill_stranded, _owner_alive, stranded_processes
 
 WHY = sandbox.strict_unavailable()
 needs_strict = pytest.mark.skipif(WHY is not None, reason=f"strict sandbox unavailable here: {WHY}")
@@ -98,47 +99,91 @@ def test_a_bus_error_inside_is_reported_as_one():
 
 
 _CALLER = (
-    "import sys; from trace_rl.envs.sandbox import run_python\n"
-    "print('go', flush=True); run_python('import time; time.sleep(600)', 600)\n"
+    "import sys; from trace_rl.envs import sandbox; from trace_rl.envs.sandbox_host import sweep_stale\n"
+    "sandbox.require('strict'); sweep_stale(); print('go', flush=True)\n"  # warmed up: the call starts now
+    "sandbox.run_python('import time; time.sleep(600)', 600)\n"
 )
 
 
 @needs_strict
-def test_a_caller_killed_at_any_instant_leaves_no_sandbox_running(tmp_path):
+def test_a_caller_killed_at_any_instant_leaves_no_process_behind(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
-    rng = random.Random(0)
-    start = now_ticks()
-    for _ in range(12):
+    rng, start, stop, trials = random.Random(0), now_ticks(), time.monotonic() + 60, 0
+    while trials < 20 and time.monotonic() < stop:
         caller = subprocess.Popen([sys.executable, "-c", _CALLER], env=env, stdout=subprocess.PIPE)
         assert caller.stdout.readline() == b"go\n"
-        time.sleep(rng.uniform(0, 0.15))  # from before the first bwrap starts to well after
+        time.sleep(rng.uniform(0, 0.12))  # from before bwrap starts, through its setup, to the snippet running
         caller.kill()
         caller.wait()
         caller.stdout.close()
-    deadline = time.monotonic() + 10
-    while (left := sandbox_processes(start)) and time.monotonic() < deadline:
+        trials += 1
+    deadline = time.monotonic() + 5
+    while (left := stranded_processes(start)) and time.monotonic() < deadline:
         time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert trials >= 5
     if left and not sandbox.own_tmpfs():
-        for line in left:  # without the launch chain bwrap sets its parent-death signal itself, too late
-            os.kill(int(line.split(":")[0]), signal.SIGKILL)
         pytest.xfail("no util-linux unshare/setpriv: bwrap's own --die-with-parent races a caller's death")
-    assert not left, left
+    assert not left, [_cmdline(pid) for pid in left]
 
 
-def test_the_leftover_check_sees_a_sandbox_process_whose_caller_died():
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return f"{pid}: {fh.read()[:200]!r}"
+    except OSError:
+        return f"{pid}: gone"
+
+
+def _orphan(mark: str) -> int:
+    """A shell whose parent exits at once (so the kernel hands it to init), its command line holding `mark`,
+    running an unmarked `sleep`. The shell's pid."""
+    script = f'/bin/sh -c "sleep 30; :" "{mark}" >/dev/null 2>&1 & echo $!'
+    return int(subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True).stdout)
+
+
+def _with_children(pids: tuple[int, ...]) -> list[int]:
+    out = list(pids)
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                if int(fh.read().rsplit(")", 1)[1].split()[1]) in pids:
+                    out.append(int(name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def test_stranded_processes_are_found_by_process_tree_and_the_sweep_ends_them():
     gone = subprocess.Popen(["true"])
     gone.wait()
     start = now_ticks()
-    orphan = subprocess.Popen(["/bin/sh", "-c", "sleep 30", f"trace-rl-sandbox-{gone.pid}-x"])
-    elsewhere = subprocess.Popen(["/bin/sh", "-c", "sleep 30", f"trace-rl-sandbox-{os.getppid()}-x"])
-    unmarked = subprocess.Popen(["sleep", "30"], env={"X": f"trace-rl-sandbox-{gone.pid}-x"})  # environment only
-    try:  # the check reads command lines, and leaves alone a sandbox whose caller runs elsewhere
-        found = {int(line.split(":")[0]) for line in sandbox_processes(start)}
-        assert orphan.pid in found and elsewhere.pid not in found and unmarked.pid not in found
+    orphan = _orphan(f"trace-rl-sandbox-{gone.pid}-x")  # its caller is dead: handed to init, a sleep below it
+    unmarked = _orphan("just-a-shell")
+    elsewhere = _orphan(f"trace-rl-sandbox-{os.getpid()}-x")  # its caller (this process) runs: the sweep spares it
+    mine = subprocess.Popen(["/bin/sh", "-c", "sleep 30; :", f"trace-rl-sandbox-{os.getpid()}-x"])  # a live call's
+    try:
+        deadline = time.monotonic() + 5
+        while len(found := set(stranded_processes(start))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        below = found - {orphan, elsewhere}
+        assert orphan in found and elsewhere in found and len(below) == 2, found
+        assert unmarked not in found and mine.pid not in found
+        assert all("sleep" in _cmdline(p) and "trace-rl" not in _cmdline(p) for p in below)  # by tree, not by name
+        assert _kill_stranded() == 2  # the dead caller's shell and its sleep; the live caller's stay
+        deadline = time.monotonic() + 5
+        while len(left := set(stranded_processes(start))) > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert elsewhere in left and orphan not in left and len(left) == 2
     finally:
-        for proc in (orphan, elsewhere, unmarked):
-            proc.kill()
-            proc.wait()
+        for pid in _with_children((orphan, unmarked, elsewhere)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        mine.kill()
+        mine.wait()
 
 
 @pytest.mark.skipif(pids_cgroup_root() is None and memory_cgroup_root() is None, reason="no cgroup delegated here")

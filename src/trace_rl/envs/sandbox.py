@@ -3,10 +3,15 @@ namespaces are unavailable and the user opts in by name, by an audit hook inside
 
 strict (bubblewrap + a seccomp filter built with libseccomp, `envs.seccomp`) covers, for every call:
 - processes: a new PID namespace whose pid 1 is the snippet itself (no host process is visible, so none can
-  be signalled or traced; killing it ends the namespace), a new session, and a parent-death signal that a
-  caller killed at any instant cannot lose (the launch chain, `_launch`: set before bwrap starts and checked
-  against the caller's pid); the seccomp filter refuses every way to a second process (fork, vfork, clone
-  without CLONE_THREAD, clone3), so the snippet stays the only one; threads work and are bounded by
+  be signalled or traced; killing it ends the namespace), a new session, and nothing left behind by a caller
+  killed at any instant: the launch chain (`_launch`) runs bwrap as the init of a PID namespace of its own
+  whose life hangs on the caller's by parent-death signals set before bwrap starts and checked against the
+  caller's pid, and the kernel kills everything in a PID namespace whose init dies (bwrap's half-made sandbox
+  included, which its own --die-with-parent covers only once set up); the snippet's watcher thread exits when
+  the caller's pipe closes, on every path; and the next process's first call ends any sandbox process a dead
+  caller stranded (found by process tree, `sandbox_host.stranded_processes`). The seccomp filter refuses
+  every way to a second process (fork, vfork, clone without CLONE_THREAD, clone3), so the snippet stays the
+  only one; threads work and are bounded by
   RLIMIT_NPROC (NPROC) when the caller is not root, and by a per-call pids cgroup when the caller is root and
   the host delegates one (`envs.sandbox_cgroup`);
 - memory: RLIMIT_AS, plus the seccomp filter refusing what RLIMIT_AS does not count (SysV shared memory,
@@ -27,8 +32,9 @@ strict (bubblewrap + a seccomp filter built with libseccomp, `envs.seccomp`) cov
   folders, pyvenv.cfg;
 - identity and secrets: uid/gid 65534 inside a new user namespace, no capabilities, no_new_privs, an
   environment of a few fixed variables, and no /proc to read another process's environment from;
-- limits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, no core files, set before
-  the snippet runs; a wall-clock limit enforced from outside by killing the sandbox;
+- limits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, RLIMIT_SIGPENDING (queued
+  signals and POSIX timers, counted in the call's own user namespace), no core files, set before the snippet
+  runs; AIO contexts refused (seccomp); a wall-clock limit enforced from outside by killing the sandbox;
 - the host: stdout and stderr are read as they come and the host keeps at most 4 * `max_output` bytes of
   stdout's head and of stderr's head and tail (the rest is read and dropped), so 1 GiB of output costs the
   host no memory and an error after a flood of output still ends with its exception line; temp dirs a killed
@@ -38,9 +44,11 @@ to that); the wall-clock time and CPU the snippet may use up to its limits; host
 that stays small and capped: tmpfs pages (up to TMPFS_MB) and inodes (TMPFS_INODES), pipe and socket
 buffers (NOFILE descriptors), kernel memory per thread, negative dentries (reclaimable) from lookups of
 missing names; reads of the allow-listed files. Where util-linux's unshare and setpriv are missing or user
-namespaces do not nest (`own_tmpfs()` False), bwrap runs directly: its /tmp is capped in bytes only, and
-its --die-with-parent, set by bwrap itself once it runs, is lost when the caller dies in its first
-milliseconds (the next process's sweep then ends what runs in a per-call cgroup, where there is one).
+namespaces do not nest (`own_tmpfs()` False), bwrap runs directly: its /tmp is capped in bytes only (files
+and folders then hold kernel memory up to the wall clock: 348,562 empty files took 434 MiB of slab in 4 s
+here), and its --die-with-parent, set by bwrap itself once it runs, is lost when the caller dies in its first
+milliseconds: the snippet's watcher still ends the snippet, but bwrap's half-made sandbox can stay, holding
+no snippet, until the next process's first call ends it; a hostile snippet could disable its watcher.
 When the caller is root, the uid inside maps to root outside: files of the allow-list that only root may read
 are readable, and without a delegated pids cgroup the number of threads is bounded only by RLIMIT_AS (their
 stacks) and the wall clock; /proc and /sys are left out because root-owned entries there (sysctls) would be
@@ -100,6 +108,7 @@ TMPFS_MB = 64  # the only writable place inside; its pages are host memory
 TMPFS_INODES = 4096  # files and folders in it: each costs the host about 1 KiB of kernel memory the size misses
 KERNEL_MB = 64  # a memory cgroup's room beyond RLIMIT_AS and the tmpfs: page tables, pipes, slab
 NPROC = 64
+SIGPENDING = 64  # queued signals and POSIX timers (RLIMIT_SIGPENDING); Python itself needs none
 # What a math snippet may import beyond the standard library; every other installed package stays invisible.
 TOOL_PACKAGES = ("numpy", "sympy", "mpmath")
 UID = 65534  # nobody
@@ -204,36 +213,53 @@ def _bwrap_base() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(head), tuple(tail)
 
 
-# Runs inside before the snippet: the limits first, then the snippet as __main__. The snippet cannot undo a
-# hard rlimit (raising one needs CAP_SYS_RESOURCE in the initial user namespace).
+# Runs inside before the snippet: the limits first, then a watcher thread, then the snippet as __main__. The
+# snippet cannot undo a hard rlimit (raising one needs CAP_SYS_RESOURCE in the initial user namespace).
+# RLIMIT_SIGPENDING bounds queued signals and POSIX timers (the kernel charges each timer to it, whatever its
+# notification) in the call's own user namespace; without it one call took 96,367 timers from a count the
+# host's processes share. The watcher blocks on a pipe whose only write end the caller holds: the caller's
+# death, at any instant, ends the snippet even where nothing else would (bwrap run directly, its
+# --die-with-parent set too late); it exits rather than signals, as the snippet is its namespace's init.
 _PROLOGUE = textwrap.dedent(
     """
-    import resource as _r, runpy as _p, sys as _s
-    _m, _c = int(_s.argv[1]), int(_s.argv[2])
+    # trace-rl sandbox prologue
+    import resource as _r, runpy as _p, sys as _s, os as _o, _thread as _t
+    _m, _c, _f = int(_s.argv[1]), int(_s.argv[2]), int(_s.argv[3])
     for _k, _v in ((_r.RLIMIT_AS, _m), (_r.RLIMIT_CPU, _c), (_r.RLIMIT_FSIZE, %d), (_r.RLIMIT_NOFILE, %d),
-                   (_r.RLIMIT_NPROC, %d), (_r.RLIMIT_CORE, 0)):
+                   (_r.RLIMIT_NPROC, %d), (_r.RLIMIT_SIGPENDING, %d), (_r.RLIMIT_CORE, 0)):
         _r.setrlimit(_k, (_v, _v + 1) if _k == _r.RLIMIT_CPU else (_v, _v))
+    def _watch(fd, read=_o.read, end=_o._exit):
+        try:
+            read(fd, 1)
+        finally:
+            end(137)
+    _t.stack_size(1 << 18)
+    _t.start_new_thread(_watch, (_f,))
+    _t.stack_size(0)
     _s.argv = ["main.py"]
-    del _r, _m, _c, _k, _v
+    del _r, _m, _c, _f, _k, _v, _o, _t, _watch
     _p.run_path("%s", run_name="__main__")
     """
-) % (FSIZE_MB << 20, NOFILE, NPROC, CODE_PATH)
+) % (FSIZE_MB << 20, NOFILE, NPROC, SIGPENDING, CODE_PATH)
 
 
 def _strict_command(
-    code_file: str, seccomp_fd: int, info_fd: int, timeout_s: float, memory_mb: int, own_tmp: str | None
+    code_file: str, fds: tuple[int, int | None, int], timeout_s: float, memory_mb: int, own_tmp: str | None
 ) -> list[str]:
-    """bwrap's command; /tmp is `own_tmp` (a tmpfs the launcher mounts there, see `_launch`) or, without one,
-    bwrap's own tmpfs (size-capped, but with the kernel's default inode limit: half the machine's pages)."""
+    """bwrap's command; `fds` are the seccomp program's, bwrap's --info-fd (None: not asked for) and the
+    caller's alive pipe's read end; /tmp is `own_tmp` (a tmpfs the launcher mounts there, see `_launch`) or,
+    without one, bwrap's own tmpfs (size-capped, but with the kernel's default inode limit: half the machine's
+    pages)."""
+    seccomp_fd, info_fd, alive_fd = fds
     head, tail = _bwrap_base()
     tmp = ["--bind", own_tmp, "/tmp"] if own_tmp else ["--size", str(TMPFS_MB << 20), "--tmpfs", "/tmp"]
+    info = ["--info-fd", str(info_fd)] if info_fd is not None else []
     # the root and /dev are tmpfs mounts bwrap makes; read-only once everything is mounted on them
     return [
         *head,
         *tmp,
         *tail,
-        "--info-fd",
-        str(info_fd),
+        *info,
         "--ro-bind",
         code_file,
         CODE_PATH,
@@ -253,26 +279,37 @@ def _strict_command(
         _PROLOGUE,
         str(memory_mb << 20),
         str(int(timeout_s) + 1),
+        str(alive_fd),
+        os.path.basename(os.path.dirname(code_file)),  # the call's mark (TMP_PREFIX + the caller's pid): unread
     ]
 
 
-# The launch chain, where util-linux's unshare and setpriv are installed and user namespaces nest: unshare makes
-# a user and mount namespace of its own (root inside, mapped to the caller), setpriv sets the parent-death
-# signal (after unshare: a change of credentials clears it), then a shell checks that the caller is still its
-# parent (a caller killed before setpriv ran would otherwise leave the chain running with no one to end it),
-# mounts /tmp's tmpfs with a size and an inode limit (bwrap can set the former only), and execs bwrap. Each
-# step execs the next, so the caller's child is bwrap itself, and bwrap's --die-with-parent keeps the signal.
-_LAUNCH_SH = '[ "$PPID" = "$1" ] || exit 97; mount -t tmpfs -o "$2" tmpfs "$3" || exit 97; shift 3; exec "$@"'
+# The launch chain, where util-linux's unshare and setpriv are installed and user namespaces nest. setpriv sets
+# the parent-death signal, so the chain's top dies with the caller; unshare makes a user and mount namespace of
+# its own (root inside, mapped to the caller) and a PID namespace, and forks the rest into it with a parent-death
+# signal of its own (--kill-child); the rest is the namespace's init (a shell, then bwrap by exec), and when the
+# init of a PID namespace dies the kernel kills every process in it, nested namespaces included: so bwrap's
+# child, still setting up the sandbox before its own --die-with-parent (the window a killed caller used to
+# leave open), and the snippet go with it, whoever dies first. The shell then checks, from the host's /proc,
+# that its parent's parent is still the caller (a caller or unshare gone before the signals were set would
+# otherwise leave the chain running), writes its host pid on the info pipe (the caller ends the call by
+# killing it), mounts /tmp's tmpfs with a size and an inode limit (bwrap can set the former only) and execs bwrap.
+_LAUNCH_SH = (
+    'f() { set -- ${1##*) }; r=$2; }; read -r s < /proc/self/stat || exit 97; me=${s%% *}; f "$s"; '
+    'read -r s < "/proc/$r/stat" || exit 97; f "$s"; [ "$r" = "$1" ] || exit 97; '
+    'echo "$me" >&"$2" || exit 97; eval "exec $2>&-"; '
+    'mount -t tmpfs -o "$3" tmpfs "$4" || exit 97; shift 4; exec "$@"'
+)
 LAUNCHER_FAILED = 97  # the chain's own exit status: the caller was gone, or the tmpfs could not be mounted
 
 
-def _launch(cmd: list[str], own_tmp: str) -> list[str]:
+def _launch(cmd: list[str], own_tmp: str, info_fd: int) -> list[str]:
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     options = f"size={TMPFS_MB}m,nr_inodes={TMPFS_INODES},mode=0755,nosuid,nodev"
     return [
-        *(unshare, "--user", "--map-root-user", "--mount", "--"),
         *(setpriv, "--pdeathsig", "KILL", "--"),
-        *("/bin/sh", "-c", _LAUNCH_SH, "sh", str(os.getpid()), options, own_tmp),
+        *(unshare, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--kill-child=SIGKILL", "--"),
+        *("/bin/sh", "-c", _LAUNCH_SH, "sh", str(os.getpid()), str(info_fd), options, own_tmp),
         *cmd,
     ]
 
@@ -336,19 +373,46 @@ def require(mode: str) -> str:
 
 # -- running and reading ------------------------------------------------------------------------------------------
 def _read_child_pid(info_fd: int, deadline: float) -> int | None:
-    """The sandbox's host pid from bwrap's --info-fd JSON, written right after the namespaces are made."""
+    """The host pid whose death ends the call: the launch chain's shell writes its own (then execs bwrap as
+    its PID namespace's init); bwrap run directly writes its child's, the snippet's, in --info-fd JSON right
+    after making the namespaces."""
     data = b""
     with selectors.DefaultSelector() as sel:
         sel.register(info_fd, selectors.EVENT_READ)
-        while b"}" not in data and sel.select(max(0.0, deadline - time.monotonic())):
+        while sel.select(max(0.0, deadline - time.monotonic())):
             chunk = os.read(info_fd, 4096)
-            if not chunk:
-                break
             data += chunk
+            if not chunk or b"}" in data or (not data.startswith(b"{") and b"\n" in data):
+                break
     try:
-        return int(json.loads(data)["child-pid"])
+        return int(json.loads(data)["child-pid"]) if data.startswith(b"{") else int(data.split(b"\n")[0])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _spawn(cmd: list[str], work: str, fds: tuple[int, ...], cgroup: CallCgroup | None) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(
+            cmd,
+            env=dict(ENV),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=fds,
+            cwd=work,
+        )
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
+        raise
 
 
 def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int, own: bool | None = None) -> SandboxResult:
@@ -362,60 +426,60 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int, ow
             os.mkdir(own_tmp)  # the mount point; the tmpfs on it lives in the chain's mount namespace only
         seccomp_r, seccomp_w = os.pipe()
         info_r, info_w = os.pipe()
+        # the caller's death closes alive_w, its only copy (pipes are close-on-exec, and Popen passes only
+        # pass_fds): the snippet's watcher sees the end of the pipe and exits (see _PROLOGUE)
+        alive_r, alive_w = os.pipe()
         try:
             os.write(seccomp_w, program)  # a few hundred bytes: fits the pipe buffer, so no reader is needed yet
             os.close(seccomp_w)
-            cmd = _strict_command(script, seccomp_r, info_w, timeout_s, memory_mb, own_tmp)
+            fds = (seccomp_r, None if own_tmp else info_w, alive_r)
+            cmd = _strict_command(script, fds, timeout_s, memory_mb, own_tmp)
             if own_tmp:
-                cmd = _launch(cmd, own_tmp)
+                cmd = _launch(cmd, own_tmp, info_w)
             # what the call may hold in all: its address space, its tmpfs, and what the kernel keeps for it
             cgroup = CallCgroup.make(NPROC, (memory_mb + TMPFS_MB + KERNEL_MB) << 20)
             if cgroup is not None:
                 cmd = cgroup.wrap(cmd)
             start = time.monotonic()
-            try:
-                proc = subprocess.Popen(
-                    cmd,
-                    env=dict(ENV),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=(seccomp_r, info_w),
-                    cwd=work,
-                )
-            except BaseException:
-                if cgroup is not None:
-                    cgroup.remove()
-                raise
+            proc = _spawn(cmd, work, (seccomp_r, info_w, alive_r), cgroup)
+        except BaseException:
+            os.close(alive_w)
+            raise
         finally:
-            for fd in (seccomp_r, info_w):
+            for fd in (seccomp_r, info_w, alive_r):
                 os.close(fd)
         try:
             child = _read_child_pid(info_r, start + timeout_s)
             pidfd = os.pidfd_open(child) if child is not None and hasattr(os, "pidfd_open") else None
+            if pidfd is not None and own_tmp and _parent_of(child) != proc.pid:  # not the chain's: leave it be
+                os.close(pidfd)
+                child = pidfd = None
         except OSError:  # the child has already gone
             child = pidfd = None
         finally:
             os.close(info_r)
 
         def kill() -> None:
-            # The snippet is pid 1 of its namespace: killing it ends the namespace, and bwrap, still alive,
-            # reaps it. Killing bwrap first would leave it a zombie for the host's init to reap (or not).
+            # Through the launch chain, `child` is its PID namespace's init (bwrap): killing it makes the kernel
+            # kill everything in the namespace, and unshare reaps it. Without the chain, `child` is the snippet,
+            # pid 1 of bwrap's namespace: killing it ends the namespace, and bwrap, still alive, reaps it.
+            # Killing bwrap or unshare first would leave a zombie for the host's init to reap (or not).
             try:
                 if proc.poll() is None and pidfd is not None:
                     signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                elif proc.poll() is None and child is not None:
+                elif proc.poll() is None and child is not None and not own_tmp:
                     os.kill(child, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             try:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
-                proc.kill()  # die-with-parent takes the namespace down with it
+                proc.kill()  # the parent-death signals take the rest down with it
 
         try:
             return finish(proc, start + timeout_s, max_output, kill)
         finally:
+            os.close(alive_w)
             if pidfd is not None:
                 os.close(pidfd)
             if cgroup is not None:

@@ -7,13 +7,15 @@
   flows through the pipes, so an error after a flood of output still shows its exception line.
 - Leftovers: temp dirs (and cgroups) are named after the owning pid, and the first call of a process removes
   those whose owner no longer runs (a trainer killed mid-call cannot remove its own), ending any task still
-  in such a cgroup first.
+  in such a cgroup first, and ends any sandbox process stranded by a dead caller (`stranded_processes`: found
+  by process tree, a last line of defence behind the parent-death signals).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -22,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from .sandbox_cgroup import PREFIX as CGROUP_PREFIX
 from .sandbox_cgroup import kill_and_remove_stale, pids_cgroup_root
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "finish",
     "pids_cgroup_root",
     "signal_meaning",
+    "stranded_processes",
     "sweep_stale",
     "write_code",
 ]
@@ -135,10 +139,79 @@ def _owner_alive(name: str, prefix: str) -> bool:
     return True
 
 
+_MARKS = (re.compile(rf"{TMP_PREFIX}(\d+)-".encode()), re.compile(rf"/{CGROUP_PREFIX}(\d+)-".encode()))
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _process_table() -> dict[int, tuple[int, int, int | None]]:
+    """pid -> (parent pid, start in clock ticks since boot, the caller's pid in its sandbox mark or None) for
+    every process /proc shows that is not a zombie (a zombie holds nothing but its pid)."""
+    table = {}
+    for name in filter(str.isdigit, os.listdir("/proc") if os.path.isdir("/proc") else []):
+        try:
+            fields = _read(f"/proc/{name}/stat").rsplit(b")", 1)[1].split()
+            if fields[0] in (b"Z", b"X"):
+                continue
+            marks = (_read(f"/proc/{name}/cmdline"), _read(f"/proc/{name}/cgroup"))
+        except (OSError, IndexError):
+            continue
+        found = [m for mark, text in zip(_MARKS, marks) if (m := mark.search(text))]
+        table[int(name)] = (int(fields[1]), int(fields[19]), int(found[0].group(1)) if found else None)
+    return table
+
+
+def _stranded(since_ticks: int) -> dict[int, int]:
+    """Stranded sandbox processes (see stranded_processes) -> the caller's pid in the mark of their tree's top."""
+    table = _process_table()
+    todo = [
+        (pid, owner)
+        for pid, (parent, start, owner) in table.items()
+        if owner is not None and start >= since_ticks and parent != owner and table.get(parent, (0, 0, None))[2] is None
+    ]
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found: dict[int, int] = {}
+    while todo:
+        pid, owner = todo.pop()
+        if pid not in found:
+            found[pid] = owner
+            todo += [(child, owner) for child in children.get(pid, [])]
+    return found
+
+
+def stranded_processes(since_ticks: int = 0) -> list[int]:
+    """Sandbox processes whose caller is gone, found by process tree rather than by name: a process marked as
+    a sandbox's (its command line holds a call's temp dir name, TMP_PREFIX + the caller's pid, or it runs in a
+    per-call cgroup) whose parent is neither a sandbox process nor that caller, which is to say the kernel
+    handed it to init (or a subreaper) when its parent died, and every live process below it, whatever it is
+    called. Only tops started at or after `since_ticks` (clock ticks since boot) count; [] without /proc."""
+    return sorted(_stranded(since_ticks))
+
+
+def _kill_stranded() -> int:
+    """End the stranded sandbox processes of this uid whose tree's caller no longer runs; how many."""
+    killed = 0
+    for pid, owner in _stranded(0).items():
+        try:
+            if _owner_alive(f"{TMP_PREFIX}{owner}-", TMP_PREFIX) or os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+                continue
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except OSError:
+            pass
+    return killed
+
+
 @functools.cache
 def sweep_stale() -> int:
     """Remove what a killed trainer left: sandbox temp dirs named after a pid that no longer runs and owned by
-    this uid, and per-call cgroups of such pids, after ending any task still in them. Runs once per process,
+    this uid, per-call cgroups of such pids, after ending any task still in them, and stranded sandbox
+    processes of such pids. Runs once per process,
     before its first call; returns how many went. A pid reused since by another process keeps its dirs until
     that process ends too."""
     removed = 0
@@ -158,7 +231,7 @@ def sweep_stale() -> int:
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed += not os.path.exists(path)
-    return removed + kill_and_remove_stale(_owner_alive)
+    return removed + kill_and_remove_stale(_owner_alive) + _kill_stranded()
 
 
 class Kept:
