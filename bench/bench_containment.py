@@ -3,8 +3,8 @@ kernel-memory floods in the strict sandbox with and without a memory cgroup (the
 sampled while they run), the POSIX timers and AIO contexts one call takes, callers killed at random moments
 (sandbox processes left running, counted by process tree), the strict sandbox's per-call time, BFCL steps of
 5,000 touch() calls as the episode's state grows, and a retriever server under slow-body connections.
-Run: PYTHONPATH=src python bench/bench_containment.py [sandbox|bfcl|server ...]; to measure old code's callers with
-this counter, set BENCH_CALLER_SRC to the old checkout's src."""
+Run: PYTHONPATH=src python bench/bench_containment.py [sandbox|callers|bfcl|server ...]; to measure old code's callers
+with this counter, set BENCH_CALLER_SRC to the old checkout's src (`callers` alone)."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def bench_sandbox() -> None:
     if why:
         print(f"strict sandbox unavailable: {why}")
         return
-    cgroup_root = sandbox_cgroup.memory_cgroup_root()
+    cgroup_root, chain_here, make = sandbox_cgroup.memory_cgroup_root(), sandbox.own_tmpfs(), sandbox.CallCgroup.make
     for where in ("default", "fallback"):
         if where == "fallback":  # no cgroup, no util-linux launch chain: bwrap run directly, as docs/ describe
             sandbox.CallCgroup.make = lambda *a: None
@@ -125,6 +125,14 @@ def bench_sandbox() -> None:
         for label, body in FLOODS.items():
             print(flood(label, body))
         print("shared counts:", run_python(COUNTS, timeout_s=20).observation())
+    sandbox.CallCgroup.make, sandbox.own_tmpfs = make, lambda: chain_here
+    bench_callers()
+
+
+def bench_callers() -> None:
+    from trace_rl.envs import sandbox
+    from trace_rl.envs.sandbox import run_python
+
     for path in ("chain", "direct") if sandbox.own_tmpfs() else ("direct",):
         print("callers SIGKILLed 0-120 ms into a call,", killed_callers(path))
     times = []
@@ -190,4 +198,4 @@ def bench_server() -> None:
 if __name__ == "__main__":
     parts = sys.argv[1:] or ["sandbox", "bfcl", "server"]
     for part in parts:
-        {"sandbox": bench_sandbox, "bfcl": bench_bfcl, "server": bench_server}[part]()
+        {"sandbox": bench_sandbox, "callers": bench_callers, "bfcl": bench_bfcl, "server": bench_server}[part]()

@@ -482,3 +482,86 @@ def test_a_stderr_nobody_reads_never_stalls_the_server():
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+# -- output: clients that never read their replies -----------------------------------------------------------
+BIG = [Passage(str(i), f"Delta {i}", f"Delta {i} " + "silt " * 4000) for i in range(12)]  # 20 KB each
+BIG_REQUEST = json.dumps({"queries": ["delta silt"], "topk": 10}).encode()  # a reply of about 400 KB
+
+
+def unread_client(srv) -> socket.socket:
+    """A connection that sends a request for a large reply and never reads it (a tiny receive buffer, so the
+    reply stays on the server's side)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(5)
+    sock.connect(srv.server_address)
+    head = f"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(BIG_REQUEST)}"
+    sock.sendall(head.encode() + b"\r\n\r\n" + BIG_REQUEST)
+    return sock
+
+
+def flood_of_unread_replies(srv, limits: ServerLimits, clients: int) -> tuple[list[socket.socket], dict]:
+    """`clients` unread clients, one every few milliseconds, with the server's own count sampled throughout; the
+    sockets and the largest counts seen."""
+    socks, most = [], {"connections": 0, "buffered_bytes": 0}
+    stop = time.monotonic() + 30
+    for _ in range(clients):
+        socks.append(unread_client(srv))
+        for _ in range(5):
+            stats = srv.stats()
+            most = {k: max(most[k], stats[k]) for k in most}
+            time.sleep(0.002)
+        assert time.monotonic() < stop
+    return socks, most
+
+
+def test_clients_that_never_read_stay_within_the_connection_cap_and_the_output_bound():
+    limits = ServerLimits(
+        max_connections=16,
+        max_connections_per_client=16,
+        max_reply_bytes=1 << 20,
+        max_buffered_bytes=2 << 20,
+        socket_buffer_bytes=64 << 10,
+        idle_timeout_s=30.0,
+    )
+    srv = serve(BM25Retriever(BIG), "127.0.0.1", 0, limits=limits)
+    socks: list[socket.socket] = []
+    try:
+        socks, most = flood_of_unread_replies(srv, limits, 60)
+        assert most["connections"] <= limits.max_connections, most
+        assert most["buffered_bytes"] <= limits.max_buffered_bytes, most
+        assert most["buffered_bytes"] > 300_000, most  # replies did pile up: the bound was what held them
+        wait_for(lambda: srv.stats()["connections"] == limits.max_connections, "the cap, full of unread replies")
+        for sock in socks:  # the clients go without reading: what they held goes with them
+            sock.close()
+        wait_for(lambda: srv.stats() == {"connections": 0, "buffered_bytes": 0}, "no connection and nothing held")
+    finally:
+        for sock in socks:
+            sock.close()
+        srv.shutdown()
+
+
+def test_a_reply_left_unread_past_send_timeout_s_is_dropped_and_others_are_served():
+    limits = ServerLimits(
+        max_connections=16,
+        max_connections_per_client=16,
+        max_reply_bytes=1 << 20,
+        max_buffered_bytes=2 << 20,
+        socket_buffer_bytes=64 << 10,
+        send_timeout_s=1.0,
+        idle_timeout_s=30.0,
+    )
+    srv = serve(BM25Retriever(BIG), "127.0.0.1", 0, limits=limits)
+    socks: list[socket.socket] = []
+    try:
+        socks, _ = flood_of_unread_replies(srv, limits, 8)
+        assert srv.stats()["buffered_bytes"] > 300_000
+        wait_for(lambda: srv.stats()["buffered_bytes"] == 0, "unread replies dropped after send_timeout_s")
+        assert srv.stats()["connections"] <= len(socks) - 4  # those that held a reply are gone, not closing
+        status, data = post(srv, BIG_REQUEST)
+        assert status == 200 and len(data["result"][0]) == 10
+    finally:
+        for sock in socks:
+            sock.close()
+        srv.shutdown()
