@@ -153,9 +153,10 @@ def test_help_shows_the_commands_own_default_of_a_group_it_overrides():
 
 
 def test_trace_settings_keep_the_command_lines_keys_and_the_one_configurations_defaults():
-    """`train` names TRACE's settings by its own keys (method, advantage, budget.*, predictor.kind,
-    predictor.prefix_share, update.weighting) and builds TRACE's one configuration from them, with its
-    defaults (train's budget is its own: 8 prompts a step); a bad one is refused by the one check."""
+    """`train` names TRACE's settings by its keys (method, advantage, budget.*, predictor.kind, prefix_share, lr
+    and the calibration layers, weighting) and builds TRACE's one configuration from them, with its defaults
+    (train's budget is its own: 8 prompts a step); a bad one is refused by the one check, an old name with the
+    new one."""
     pytest.importorskip("torch")
     from trace_rl.config import load_config
     from trace_rl.errors import ConfigError
@@ -173,17 +174,29 @@ def test_trace_settings_keep_the_command_lines_keys_and_the_one_configurations_d
             "predictor.kind=history",
             "--prefix-share",
             "0.1",
-            "update.weighting=split",
+            "weighting=split",
+            "predictor.flip_model=calibrated",
+            "predictor.root_model=calibrated",
+            "predictor.lr=0.01",
         ],
     )
     assert cfg.trace_config() == TraceConfig(
-        "tree_grpo", "trace", BudgetPlan(prompts=8), PredictorSettings("history", 0.1), "split"
+        "tree_grpo",
+        "trace",
+        BudgetPlan(prompts=8),
+        PredictorSettings("history", 0.1, lr=0.01, flip_model="calibrated", root_model="calibrated"),
+        "split",
     )
     for argv, key in [
         (["method=trace_oracle"], "method: unknown 'trace_oracle' (it needs the exact V"),
         (["predictor.kind=light_text"], "predictor.kind: 'light_text' is now called 'light'"),
         (["predictor.prefix_share=1"], "predictor.prefix_share: prefix_share must be in [0, 1)"),
         (["advantage=ppo"], "advantage: unknown 'ppo'"),
+        (["update.weighting=split"], "update.weighting: renamed; set weighting"),
+        (["predictor.critic_lr=0.01"], "predictor.critic_lr: renamed; set predictor.lr"),
+        (["predictor.flip_model=fitted"], "predictor.flip_model: flip_model must be one of raw, calibrated"),
+        (["predictor.flip_prior=x.json"], "predictor.flip_prior: only predictor.flip_model=calibrated reads it"),
+        (["predictor.lr=0"], "predictor.lr must be > 0"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(key)):
             load_config(TrainConfig, argv)

@@ -45,6 +45,7 @@ from .errors import ConfigError
 from .seeding import check_seed
 
 # old flag spellings whose last name is not the new key's
+_ABSENT = object()  # OmegaConf.select's default: tells a key set to null from a key not there
 FLAG_ALIASES = {
     "mix": "env.difficulty_mix",
     "predictor_warmup": "predictor.warmup",
@@ -336,6 +337,7 @@ def _overrides(cls, argv: list[str], choices: dict[str, str] | None = None) -> t
             raise ConfigError(f"{key}: not a setting here; {_set_per_run(cls)[key]}")
         if key not in leaves:
             _moved(cls, key)
+            _renamed(key, leaves)
             raise ConfigError(f"{key}: unknown setting; settings are {', '.join(sorted(leaves))}")
         _check_text(key, value)
         if _is_list(leaves[key]) and value.count(",") >= MAX_LIST_ITEMS:  # before YAML expands it (10,000 nodes)
@@ -344,6 +346,15 @@ def _overrides(cls, argv: list[str], choices: dict[str, str] | None = None) -> t
             value = "[" + ",".join(v.strip() for v in value.split(",") if v.strip()) + "]"
         fixed.append(f"{key}={value}")
     return config_file, fixed
+
+
+def _renamed(key: str, leaves, where: str = "") -> None:
+    """One line naming the new key of a TRACE setting renamed when its configuration became whole
+    (`trace_config.RENAMED`: `update.weighting` is `weighting`), where this command has the new key."""
+    from .trace_config import RENAMED
+
+    if key in RENAMED and RENAMED[key] in leaves:
+        raise ConfigError(f"{key}: renamed; set {RENAMED[key]}{where}")
 
 
 def _check_text(key: str, value: str) -> None:
@@ -481,6 +492,11 @@ def load_config(cls, argv: list[str]):
             for key in _set_per_run(cls):
                 if OmegaConf.select(loaded, key, default=None) is not None:
                     raise ConfigError(f"{key}: not a setting here; {_set_per_run(cls)[key]} (in {config_file})")
+            from .trace_config import RENAMED
+
+            for key in RENAMED:
+                if OmegaConf.select(loaded, key, default=_ABSENT) is not _ABSENT:
+                    _renamed(key, _leaves(cls, choices), f" (in {config_file})")
             cfg = OmegaConf.merge(cfg, _upgraded(cls, loaded, choices))
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
         _check_values(OmegaConf.to_container(cfg, resolve=False))  # before anything resolves an interpolation

@@ -1,14 +1,16 @@
-"""One TRACE configuration: the method, the advantage estimator, the rollout budget, the predictor's kind and
-prefix share, and how a node shared by several leaves is weighted, with one set of names, one set of defaults
+"""One TRACE configuration: the method, the advantage estimator, the rollout budget, the predictor (its kind,
+prefix share and learning rate, and the calibration layers around it: `flip_model`, `flip_prior`,
+`root_model`), and how a node shared by several leaves is weighted, with one set of names, one set of defaults
 and the one place that checks them.
 
-Every entry point reads TRACE's settings through here: the command line (`trace-rl train`, `rollout`,
-`simulate`, `compare` keep their keys, `method`, `advantage`, `budget.*`, `predictor.kind`,
-`predictor.prefix_share`, `update.weighting`, and build a `TraceConfig` from them), verl's plugin (the
-`trace_rl` block of its YAML, `TraceConfig.from_settings`) and TRL's rollout function (its keyword arguments,
-the same names). The names are the command line's; names the integrations used before (`estimator`,
-`light_text`, a flat `branch_factor`, ...) are refused in one line that names the new key, so a verl YAML
-written for the old names never silently changes meaning.
+Every entry point reads TRACE's settings through here, under one key path each: the command line (`trace-rl
+train`, `rollout`, `simulate`, `compare`: `method` (`methods` where several run), `advantage`, `budget.*`,
+`predictor.kind`, `predictor.prefix_share`, `predictor.lr`, `predictor.flip_model`, `predictor.flip_prior`,
+`predictor.root_model`, `weighting`; each builds a `TraceConfig` from them), verl's plugin (the `trace_rl` block
+of its YAML, `TraceConfig.from_settings`) and TRL's rollout function (its keyword arguments, the same names).
+Names used before (`update.weighting`, `predictor.critic_lr`; the integrations' `estimator`, `light_text`, a
+flat `branch_factor`, ...) are refused in one line that names the new key (`RENAMED`), so a config written for
+the old names never silently changes meaning.
 
 Also here, because the configuration is made of them: the method table (`Method`, `METHODS`, `get_method`;
 the allocators that read a method's strategies are `methods.py`, which re-exports these names) and
@@ -27,7 +29,7 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from .paths import check_weighting
 from .registry import (
@@ -44,6 +46,10 @@ from .registry import (
 
 PREFIX_SHARE = 0.5  # share of prefix examples in a predictor batch (paper: about 6%; docs/predictors.md)
 PREDICTOR_RENAMED = {"light_text": "light"}  # a predictor.kind used before, refused with the name to set
+CALIBRATION_MODES = ("raw", "calibrated")  # predictor.flip_model and root_model (predictors.flip, root_calibration)
+# keys of TRACE's configuration named otherwise before it was whole, in any reader (command line, simulate, verl,
+# TRL): refused in one line naming the new key, so a config written for them never silently changes meaning
+RENAMED = {"update.weighting": "weighting", "predictor.critic_lr": "predictor.lr"}
 
 
 STATUSES = ("stable", "experimental")  # stable: the paper's methods and baselines; experimental: research variants
@@ -347,12 +353,74 @@ def check_predictor_kind(kind: str, key: str = "kind", critics: Sequence[str] | 
     raise ValueError(f"{key}: {kind!r} is not {' or '.join(kinds)}{shown} (or module:attr)")
 
 
+def check_layer(value: Any, key: str) -> None:
+    """A calibration layer's setting (`flip_model`, `root_model`): raw (V~ as is) or calibrated (the layer)."""
+    if value not in CALIBRATION_MODES:
+        raise ValueError(f"{key} must be one of {', '.join(CALIBRATION_MODES)}, got {value!r}")
+
+
+def check_lr(value: Any, key: str = "lr") -> None:
+    """A predictor's learning rate: a positive number, or None for the predictor's own default."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise ValueError(f"{key} must be > 0 (or unset: the predictor's own default), got {value!r}")
+
+
 @dataclass(frozen=True)
 class PredictorSettings:
-    """Which V~ scores roots and prefixes, and the share of prefixes among its training examples."""
+    """Which V~ scores roots and prefixes, how it learns, and the calibration layers around it: the share of
+    prefixes among its training examples, its learning rate (None: the predictor's own default: 0.3 for `light`,
+    `predictors.build.CRITIC_LR` for an LM critic, 0.2 for the testbed's logistic; `history` learns no weights and
+    reads none), stage 2's flip model (raw: q from V~; calibrated: `predictors.flip`, around `flip_prior`, a prior
+    file, or "" for q/2) and the root model (raw: TRACE's root allocator reads V~; calibrated:
+    `predictors.root_calibration`). Whether a prior file reads is checked where the layer is built."""
 
     kind: str = "light"  # light (hashed n-grams + logistic) | history (reward history) | an LM critic (CLI)
     prefix_share: float = PREFIX_SHARE  # share of prefix examples in a predictor batch
+    lr: Optional[float] = None  # the predictor's learning rate; unset: its own default
+    flip_model: str = "raw"  # stage 2's flip probability: raw (from V~ alone) | calibrated (fitted on flips)
+    flip_prior: str = ""  # the calibrated flip layer's prior file (lab/scripts/fit_flip_prior.py); "": q/2
+    root_model: str = "raw"  # what TRACE's root allocator reads: raw (V~) | calibrated (V~ through a fitted layer)
+
+    def __post_init__(self):
+        check_prefix_share(self.prefix_share)
+        check_lr(self.lr, "predictor.lr")  # the full key: a command's update group has an lr too
+        check_layer(self.flip_model, "flip_model")
+        check_layer(self.root_model, "root_model")
+        if not isinstance(self.flip_prior, str):
+            raise ValueError(f"flip_prior must be a file path or '', got {self.flip_prior!r}")
+        if self.flip_prior and self.flip_model != "calibrated":
+            raise ValueError(
+                f"predictor.flip_prior: only predictor.flip_model=calibrated reads it (it is {self.flip_model})"
+            )
+
+
+@dataclass
+class PredictorGroup:
+    """The `predictor.*` group of a command's settings (the command line's LM commands, `simulate`): TRACE's
+    predictor settings as keys to set, with the same names and defaults; `settings()` is their checked, frozen
+    form. A command's group adds its own keys after these (the LM critic's epochs, VIP's encoder, warm-up trees)."""
+
+    kind: str = PredictorSettings.kind  # light (hashed n-grams + logistic) | history | an LM critic (name, path, id)
+    prefix_share: float = PredictorSettings.prefix_share  # share of prefix examples in a predictor batch
+    lr: Optional[float] = PredictorSettings.lr  # the predictor's learning rate; unset: its own default
+    # raw: q = r(1 - V~) + (1 - r)V~; calibrated: a layer fitted online on the flips continuations realised, per
+    # bare outcome and depth (predictors/flip.py)
+    flip_model: str = PredictorSettings.flip_model  # stage 2's flip probability: raw (from V~) | calibrated (fitted)
+    # the calibrated layer's prior: "" is q/2 (task-agnostic); a JSON file of lab/scripts/fit_flip_prior.py is a fit on
+    # earlier runs' flips, which carries the first steps (lab/notes/2026-12-02-flip-prior.md)
+    flip_prior: str = PredictorSettings.flip_prior  # a flip prior file (lab/scripts/fit_flip_prior.py), calibrated only
+    # raw: TRACE's root allocator reads V~; calibrated: V~ through a logistic layer fitted online on the roots' bare
+    # outcomes (predictors/root_calibration.py)
+    root_model: str = PredictorSettings.root_model  # raw | calibrated
+
+    def __post_init__(self):
+        self.settings()  # the one check of prefix share, lr and the layers (a kind is the command's to check)
+
+    def settings(self) -> PredictorSettings:
+        """This group's part of TRACE's one configuration."""
+        return PredictorSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(PredictorSettings)})
 
 
 @dataclass(frozen=True)
@@ -410,7 +478,7 @@ class TraceConfig:
         (`trace_rl`); `renamed` maps an old key to the new one (refused naming it); `fixed` maps a key the
         framework sets itself to what sets it (refused naming that). Unknown keys are refused, not ignored."""
         data = _plain(settings or {}, where)
-        renamed, fixed = dict(renamed or {}), dict(fixed or {})
+        renamed, fixed = {**RENAMED, **(renamed or {})}, dict(fixed or {})
         flat = _flatten(data)
         for key in flat:
             if key in renamed:
@@ -461,7 +529,7 @@ def _flatten(data: Mapping, prefix: str = "") -> dict[str, Any]:
     out = {}
     for key, value in data.items():
         full = f"{prefix}{key}"
-        if isinstance(value, Mapping) and full in ("budget", "predictor"):
+        if isinstance(value, Mapping) and full in ("budget", "predictor", "update"):  # update: for its renamed key
             out.update(_flatten(value, f"{full}."))
         else:
             out[full] = value
@@ -471,6 +539,8 @@ def _flatten(data: Mapping, prefix: str = "") -> dict[str, Any]:
 def _qualified(message: str, where: str) -> str:
     """A check's message ("prefix_share must be ...", "kind: ...") with the dotted key it names."""
     first = message.split(" ", 1)[0].rstrip(":")
+    if first in _KEYS and "." in first:  # the check named the full key already
+        return f"{where}.{message}"
     hits = [k for k, last in _KEYS.items() if last == first]
     if len(hits) != 1:
         return f"{where}: {message}"

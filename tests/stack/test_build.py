@@ -13,6 +13,7 @@ from trace_rl.predictors.build import build_predictor  # noqa: E402
 from trace_rl.rollout.engine import LocalExecutor  # noqa: E402
 from trace_rl.stack.build import build_stack  # noqa: E402
 from trace_rl.stack.config import EngineConfig, LMPolicyConfig, LMPredictorConfig  # noqa: E402
+from trace_rl.trace_config import TraceConfig  # noqa: E402
 
 POLICY = LMPolicyConfig(model="random-tiny", max_new_tokens=8)
 
@@ -52,7 +53,7 @@ def test_its_engines_grow_trees_and_evaluate_each_on_a_fresh_actor():
     method = METHODS["grpo"]
     predictor = build_predictor(LMPredictorConfig().settings(), method, 1)
     plan = BudgetPlan(prompts=2, rollouts_per_prompt=2, pool_factor=1)
-    grower = stack.engine(predictor, plan)
+    grower = stack.engine(predictor, TraceConfig("grpo"), plan=plan)
     assert grower.actor is not plain.actor and grower.actor.env_workers == 2 and grower.seed == 1
     result = grower.grow(spec.train(2, 0), method, 0)
     assert result.rollouts == 4

@@ -203,11 +203,11 @@ def test_finished_runs_are_read_not_rerun_and_other_settings_are_refused(tmp_pat
     # GRPO never branches: its runs serve a study at another branch factor, weighting or flip model; a branching
     # method's are refused
     other_n = TrainConfig(steps=4, budget=BudgetPlan(prompts=8, branch_factor=2))
-    other_n.update.weighting = "leaf"
+    other_n.weighting = "leaf"
     other_n.predictor.flip_model = "calibrated" if other_n.predictor.flip_model == "raw" else "raw"
     compare_command.run(CompareConfig(out=str(tmp_path), methods=["grpo"], seeds=[0, 1], train=other_n))
     assert len(calls) == 3
-    with pytest.raises(ValueError, match="other settings.*budget.branch_factor.*update.weighting"):
+    with pytest.raises(ValueError, match="other settings.*budget.branch_factor.*weighting"):
         compare_command.run(CompareConfig(out=str(tmp_path), methods=["trace:grpo"], seeds=[0], train=other_n))
     (tmp_path / "grpo" / "seed0" / "run_settings.json").unlink()  # seed 0 trains anew; seed 1 is still refused
     with pytest.raises(ValueError, match="seed1 holds a run with other settings"):

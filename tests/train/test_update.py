@@ -186,14 +186,14 @@ def test_update_kl_measures_how_far_the_step_moved():
 
 @pytest.mark.parametrize("weighting,shared", [("first", 1.0), ("leaf", 2.0)])
 def test_update_weighting_setting_reaches_the_packer(weighting, shared):
-    """`update.weighting` decides how a turn on two paths is weighted in the step's batches."""
+    """TRACE's `weighting` decides how a turn on two paths is weighted in the step's batches."""
     from trace_rl.train.update import _batches
 
     tree, adv = shared_turn_tree()
-    (b,) = _batches([tree], [adv], UpdateConfig(weighting=weighting))
+    (b,) = _batches([tree], [adv], UpdateConfig(), weighting)
     assert b.by_segment(b.advantages)[(0, "0.0")].tolist() == [0.5 * shared]
     with pytest.raises(ValueError, match="weighting must be one of"):
-        UpdateConfig(weighting="none")
+        _batches([tree], [adv], UpdateConfig(), "none")
 
 
 def test_the_learning_rate_falls_linearly_by_step_to_its_final_share():

@@ -80,14 +80,7 @@ def run_rollout(cfg: RolloutConfig, yaml_text: str = "") -> dict[str, list[dict]
         for name in cfg.methods:
             trace = TraceConfig(name, budget=cfg.budget, predictor=cfg.predictor.settings())
             method = trace.method_spec
-            engine = stack.engine(
-                build_predictor(cfg.predictor, method, cfg.seed, warmup),
-                trace.budget,
-                prefix_share=trace.predictor.prefix_share,
-                flip_model=cfg.predictor.flip_model,
-                flip_prior=cfg.predictor.flip_prior,
-                root_model=cfg.predictor.root_model,
-            )
+            engine = stack.engine(build_predictor(cfg.predictor, method, cfg.seed, warmup), trace)
             loop = RunLoop(
                 engine,
                 method,

@@ -9,8 +9,9 @@ predictor before its first step, with prefixes at `prefix_share` of the examples
 of the seed.
 
 `settings` is a `trace_config.PredictorSettings` or the command line's predictor group: anything with `kind`
-and `prefix_share`; an LM critic also reads `critic_lr` and `critic_epochs`, VIP's `gp_encoder`, where the
-object has them (else the defaults below). Loading an LM critic's or MiniLM's weights is the one I/O here.
+and `prefix_share`; `light` and an LM critic read `lr` (None: their own default), an LM critic also
+`critic_epochs`, VIP's `gp_encoder`, where the object has them (else the defaults below). Loading an LM
+critic's or MiniLM's weights is the one I/O here.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def probe_predictor(settings: Any, methods: Sequence[str]) -> None:
 def build_light(settings: Any, seed: int) -> Predictor:
     from .text import light_text_predictor
 
-    return light_text_predictor(seed=seed)
+    lr = getattr(settings, "lr", None)  # None: light's own (0.3)
+    return light_text_predictor(seed=seed) if lr is None else light_text_predictor(lr=lr, seed=seed)
 
 
 def build_history(settings: Any, seed: int) -> Predictor:
@@ -80,7 +82,7 @@ def build_critic(settings: Any, seed: int) -> Predictor:
     check_predictor_kind(settings.kind, "predictor.kind", critics=[settings.kind])
     from .lm_critic import LMCritic
 
-    lr = getattr(settings, "critic_lr", CRITIC_LR)
+    lr = getattr(settings, "lr", None) or CRITIC_LR
     epochs = getattr(settings, "critic_epochs", CRITIC_EPOCHS)
     return LMCritic(settings.kind, lr=lr, epochs=epochs, seed=seed)
 

@@ -30,10 +30,10 @@ from typing import Callable, Sequence
 
 from ..methods import METHODS, BudgetPlan, Method, allocate_method_roots
 from ..predictors.base import Predictor, training_examples
-from ..predictors.flip import FlipCalibrator, flip_observations
-from ..predictors.root_calibration import RootCalibrator, root_observations
+from ..predictors.flip import FlipCalibrator, flip_observations, make_flip_model
+from ..predictors.root_calibration import RootCalibrator, make_root_model, root_observations
 from ..seeding import derive_rng, derive_seed
-from ..trace_config import PREFIX_SHARE, check_prefix_share, method_spec
+from ..trace_config import PREFIX_SHARE, TraceConfig, check_prefix_share, method_spec
 from ..tree import BARE, RolloutTree, TurnNode
 from .grow import TIMERS, Actor, Clock, PooledStage2, PromptJob, PromptResult, StepContext, grow_prompt, lockstep
 
@@ -80,6 +80,25 @@ class LocalExecutor:
 
 
 EXECUTORS = ("local", "ray")
+
+
+def calibration_layers(config: TraceConfig) -> tuple[FlipCalibrator | None, RootCalibrator | None]:
+    """Fresh (flip, root) layers of `config.predictor` (None where a layer is raw); a flip prior that does not
+    read is one line naming `predictor.flip_prior`."""
+    settings = config.predictor
+    return make_flip_model(settings.flip_model, settings.flip_prior), make_root_model(settings.root_model)
+
+
+def observe_layers(
+    flip_model: FlipCalibrator | None, root_model: RootCalibrator | None, trees: list[RolloutTree], method: Method
+) -> None:
+    """Fit the calibration layers on a step's trees (with the predictor's update): the flip layer on the flips the
+    continuations realised, where the method branches; the root layer on the roots' bare outcomes, where TRACE's
+    root allocator read it."""
+    if flip_model is not None and method.branches:
+        flip_model.observe(*flip_observations(trees))
+    if root_model is not None and method.roots_on_value:
+        root_model.observe(*root_observations(trees))
 
 
 def check_executor(kind: str, key: str = "executor", methods: Sequence[str] = ()) -> None:
@@ -162,6 +181,35 @@ class TreeRolloutEngine:
         self.flip_model = flip_model  # None: stage 2 reads q from V~; else this layer, updated with the predictor
         self.root_model = root_model  # None: TRACE's root allocator reads V~; else V~ through this layer
 
+    @classmethod
+    def from_config(
+        cls,
+        actor: Actor,
+        predictor: Predictor | None,
+        config: TraceConfig,
+        *,
+        seed: int = 0,
+        plan: BudgetPlan | None = None,
+        executor=None,
+        update_predictor: bool = True,
+        layers: tuple[FlipCalibrator | None, RootCalibrator | None] | None = None,
+    ) -> "TreeRolloutEngine":
+        """The engine of TRACE's configuration: `config.budget` (or `plan`, a framework's batch plan), the prefix
+        share and the calibration layers of `config.predictor` (`calibration_layers`), or `layers`, the (flip, root)
+        layers of an earlier engine, for a caller that builds one engine per step and keeps what they learned."""
+        flip_model, root_model = calibration_layers(config) if layers is None else layers
+        return cls(
+            actor,
+            predictor,
+            config.budget if plan is None else plan,
+            seed=seed,
+            prefix_share=config.predictor.prefix_share,
+            update_predictor=update_predictor,
+            executor=executor,
+            flip_model=flip_model,
+            root_model=root_model,
+        )
+
     def grow(self, tasks: Sequence, method: Method, step: int = 0) -> StepResult:
         """`agrow` from synchronous code; inside a running event loop, use `await engine.agrow(...)`."""
         return _run_sync(self.agrow(tasks, method, step), "grow")
@@ -217,10 +265,7 @@ class TreeRolloutEngine:
             result.predictor_loss = float(self.predictor.update(examples, targets)) if examples else None
             roots = sum(node_id == tree.root_id for tree, node_id in examples)
             result.predictor_examples = (roots, len(examples) - roots)
-            if self.flip_model is not None and method.branches:
-                self.flip_model.observe(*flip_observations(active))
-            if recalibrate:
-                self.root_model.observe(*root_observations(active))
+            observe_layers(self.flip_model, self.root_model, active, method)
             clock.add("predictor", time.perf_counter() - t0)
         clock.seconds["total"] = time.perf_counter() - start
         result.time = dict(clock.seconds)

@@ -30,11 +30,9 @@ from ..envs.registry import EnvSpec
 from ..errors import ConfigError
 from ..methods import BudgetPlan
 from ..predictors.build import build_predictor  # noqa: F401 - the one predictor builder; the commands import it here
-from ..predictors.flip import make_flip_model
-from ..predictors.root_calibration import make_root_model
 from ..rollout.engine import TreeRolloutEngine, make_executor
 from ..rollout.lm_actor import LMActor
-from ..trace_config import PREFIX_SHARE
+from ..trace_config import TraceConfig
 from .config import EngineConfig, LMPolicyConfig, RayConfig, served_models
 from .env_config import LMEnvConfig
 
@@ -174,31 +172,19 @@ def build_actor(policy: PolicyStack, spec: EnvSpec, params: SamplingParams, engi
 def build_engine(
     actor: LMActor,
     predictor,
-    budget: BudgetPlan | None,
+    config: TraceConfig | None,
     *,
     seed: int,
-    prefix_share: float,
+    plan: BudgetPlan | None = None,
     executor=None,
-    flip_model: str = "raw",
-    flip_prior: str = "",
-    root_model: str = "raw",
 ) -> TreeRolloutEngine:
-    """The one TRACE step around `actor` and `predictor` at `budget`; trees grow on `executor` (one from
-    `rollout.engine.make_executor`, shared by every engine of a run; None: asyncio in this process); stage 2
-    reads its flip probability as `flip_model` says (`predictor.flip_model`: raw or calibrated), the calibrated
-    layer around `flip_prior` (`predictor.flip_prior`: a prior file, or "" for q/2); TRACE's root allocator reads
-    V~ as `root_model` says (`predictor.root_model`: raw or calibrated). With no predictor and no budget, an engine
-    that only evaluates."""
-    return TreeRolloutEngine(
-        actor,
-        predictor,
-        budget,
-        seed=seed,
-        prefix_share=prefix_share,
-        executor=executor,
-        flip_model=make_flip_model(flip_model, flip_prior),
-        root_model=make_root_model(root_model),
-    )
+    """The one TRACE step around `actor` and `predictor` as TRACE's configuration `config` says
+    (`TreeRolloutEngine.from_config`: its budget, or `plan`; its prefix share and calibration layers); trees grow
+    on `executor` (one from `rollout.engine.make_executor`, shared by every engine of a run; None: asyncio in this
+    process). With no configuration, an engine that only evaluates (no predictor, no budget)."""
+    if config is None:
+        return TreeRolloutEngine(actor, predictor, plan, seed=seed, executor=executor)
+    return TreeRolloutEngine.from_config(actor, predictor, config, seed=seed, plan=plan, executor=executor)
 
 
 @dataclass
@@ -228,30 +214,13 @@ class LMStack:
         return self.policy.backend
 
     def engine(
-        self,
-        predictor=None,
-        budget: BudgetPlan | None = None,
-        *,
-        prefix_share: float = PREFIX_SHARE,
-        flip_model: str = "raw",
-        flip_prior: str = "",
-        root_model: str = "raw",
+        self, predictor=None, config: TraceConfig | None = None, *, plan: BudgetPlan | None = None
     ) -> TreeRolloutEngine:
         """A TRACE engine on a fresh actor of this policy (one per method of `rollout`): it grows trees with
-        `predictor` at `budget` on the stack's executor, and evaluates (`evaluate`); without a predictor and a
-        budget it only evaluates (`eval`)."""
+        `predictor` as TRACE's configuration `config` says (`build_engine`) on the stack's executor, and evaluates
+        (`evaluate`); without a configuration it only evaluates (`eval`)."""
         actor = build_actor(self.policy, self.spec, self.params, self.engine_config)
-        return build_engine(
-            actor,
-            predictor,
-            budget,
-            seed=self.seed,
-            prefix_share=prefix_share,
-            executor=self.executor,
-            flip_model=flip_model,
-            flip_prior=flip_prior,
-            root_model=root_model,
-        )
+        return build_engine(actor, predictor, config, seed=self.seed, plan=plan, executor=self.executor)
 
     def close(self) -> None:
         self.policy.close()

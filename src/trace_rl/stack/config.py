@@ -32,14 +32,13 @@ from ..backends.base import SamplingParams
 from ..backends.vllm_weights import WEIGHT_SYNCS
 from ..errors import ConfigError
 from ..methods import BudgetPlan
-from ..predictors.build import CRITIC_EPOCHS, CRITIC_LR, GP_ENCODERS
-from ..predictors.flip import FLIP_MODELS, make_flip_model
-from ..predictors.root_calibration import ROOT_MODELS
+from ..predictors.build import CRITIC_EPOCHS, GP_ENCODERS
+from ..predictors.flip import make_flip_model
 from ..rollout.engine import check_executor
 from ..rollout.lm_actor import BATCHING
 from ..rollout.ray_executor import RayConfig
 from ..seeding import check_seed  # noqa: F401 - the commands' configs import it from here
-from ..trace_config import PredictorSettings, check_predictor_kind, check_prefix_share
+from ..trace_config import PredictorGroup, check_predictor_kind
 from .env_config import LMEnvConfig, env_config  # noqa: F401 - the env group lives apart; imported from here
 
 BACKENDS = ("hf", "vllm", "server")
@@ -195,34 +194,18 @@ class LMPolicyConfig:
 
 
 @dataclass
-class LMPredictorConfig:
-    """The success predictor V~ that every method's allocator reads."""
+class LMPredictorConfig(PredictorGroup):
+    """The success predictor V~ that every method's allocator reads: TRACE's predictor settings (kind .. root_model,
+    `trace_config.PredictorGroup`, which simulate, verl and TRL read alike), then the LM stack's own."""
 
-    # the defaults of kind and prefix_share are TRACE's one configuration's (trace_config.PredictorSettings)
-    kind: str = PredictorSettings.kind  # light (hashed n-grams + logistic) | history | an LM critic (name, path, id)
-    prefix_share: float = PredictorSettings.prefix_share  # share of prefix examples in a predictor batch
     warmup: str = ""  # trees file to fit every predictor on before step 1 (e.g. the sft report's trees)
-    critic_lr: float = CRITIC_LR  # learning rate of the LM critic's head
     critic_epochs: int = CRITIC_EPOCHS  # passes of the LM critic over each step's examples
     gp_encoder: str = "all-minilm-l6-v2"  # VIP's prompt embeddings (method vip): all-minilm-l6-v2 (upstream's) | hashed
-    # raw: q = r(1 - V~) + (1 - r)V~; calibrated: a layer fitted online on the flips continuations realised, per
-    # bare outcome and depth (predictors/flip.py)
-    flip_model: str = "raw"  # stage 2's flip probability: raw (from V~ alone) | calibrated (fitted on flips)
-    # the calibrated layer's prior: "" is q/2 (task-agnostic); a JSON file of lab/scripts/fit_flip_prior.py is a fit on
-    # earlier runs' flips, which carries the first steps (lab/notes/2026-12-02-flip-prior.md)
-    flip_prior: str = ""  # a flip prior file (lab/scripts/fit_flip_prior.py), read with flip_model=calibrated
-    # raw: TRACE's root allocator reads V~; calibrated: V~ through a logistic layer fitted online on the roots' bare
-    # outcomes (predictors/root_calibration.py)
-    root_model: str = "raw"  # raw | calibrated
 
     def __post_init__(self):
         if self.gp_encoder not in GP_ENCODERS:
             raise ValueError(f"gp_encoder: {self.gp_encoder!r} is not one of {', '.join(GP_ENCODERS)}")
-        check_prefix_share(self.prefix_share)
-        if self.flip_model not in FLIP_MODELS:
-            raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {self.flip_model!r}")
-        if self.root_model not in ROOT_MODELS:
-            raise ValueError(f"root_model must be one of {', '.join(ROOT_MODELS)}, got {self.root_model!r}")
+        super().__post_init__()  # TRACE's checks of the prefix share, lr and the layers, in one place
         if self.flip_prior:  # read here too, so a bad file stops the command before any model loads
             try:
                 make_flip_model(self.flip_model, self.flip_prior)
@@ -231,12 +214,8 @@ class LMPredictorConfig:
         from ..lm.models import MINILM, SMOLLM2
 
         check_predictor_kind(self.kind, critics=(MINILM, SMOLLM2))
-        if not self.critic_lr > 0 or self.critic_epochs < 1:
-            raise ValueError("critic_lr must be > 0 and critic_epochs >= 1")
-
-    def settings(self) -> PredictorSettings:
-        """This group's part of TRACE's one configuration."""
-        return PredictorSettings(self.kind, self.prefix_share)
+        if self.critic_epochs < 1:
+            raise ValueError(f"critic_epochs must be >= 1, got {self.critic_epochs}")
 
     def warmup_trees(self) -> list:
         """The trees of `warmup` ([] when unset), read when a command asks (once per run: the config does not read

@@ -131,8 +131,24 @@ def _restore(name: str, settings: Any) -> LMEnvConfig:
 
 
 def upgrade_run_settings(settings: dict) -> dict:
-    """A run's stored settings (`compare`'s run file, a checkpoint's manifest) with its env group in today's shape
-    (`LMEnvConfig.upgrade`), so a run from before plug-ins still compares equal to the same run now."""
-    if isinstance(settings, dict) and isinstance(settings.get("env"), dict):
-        return {**settings, "env": LMEnvConfig.upgrade(settings["env"])}
-    return settings
+    """A run's stored settings (`compare`'s run file, a checkpoint's manifest) in today's shape, so a run from
+    before a change of names still compares equal to the same run now: its env group as `LMEnvConfig.upgrade`
+    writes it (before plug-ins), and TRACE's keys renamed when its configuration became whole
+    (`update.weighting` -> `weighting`; `predictor.critic_lr` -> `predictor.lr`, unset where it held the LM
+    critic's default, which an unset `lr` gives it)."""
+    if not isinstance(settings, dict):
+        return settings
+    out = dict(settings)
+    if isinstance(out.get("env"), dict):
+        out["env"] = LMEnvConfig.upgrade(out["env"])
+    if isinstance(out.get("update"), dict) and "weighting" in out["update"]:
+        out["update"] = {k: v for k, v in out["update"].items() if k != "weighting"}
+        out.setdefault("weighting", settings["update"]["weighting"])
+    if isinstance(out.get("predictor"), dict) and "critic_lr" in out["predictor"]:
+        from ..predictors.build import CRITIC_LR
+
+        predictor = {k: v for k, v in out["predictor"].items() if k != "critic_lr"}
+        old = settings["predictor"]["critic_lr"]
+        predictor.setdefault("lr", None if old == CRITIC_LR else old)
+        out["predictor"] = predictor
+    return out

@@ -27,16 +27,21 @@ import numpy as np
 
 from ..advantages import batch_advantages
 from ..methods import BudgetPlan, Method, get_method
-from ..paths import turn_rows
-from ..predictors.flip import FLIP_MODELS, make_flip_model
-from ..predictors.root_calibration import ROOT_MODELS, make_root_model
-from ..registry import call
+from ..paths import check_weighting, turn_rows
+from ..registry import PREDICTORS, call
 from ..rollout.engine import TreeRolloutEngine, check_executor, make_executor
 from ..rollout.ray_executor import RayConfig
 from ..rollout.records import MetricsWriter, read_metrics
 from ..rollout.run_loop import RunLoop, progress_line
 from ..seeding import derive_rng
-from ..trace_config import PREFIX_SHARE, check_methods, check_prefix_share
+from ..trace_config import (
+    PredictorGroup,
+    TraceConfig,
+    check_advantage,
+    check_methods,
+    check_predictor_kind,
+    predictor_kinds,
+)
 from .actor import TestbedActor
 from .env import TestbedConfig, TestbedTask, make_tasks
 from .policy import SoftmaxPolicy
@@ -56,25 +61,23 @@ PRESETS: dict[str, dict[str, object]] = {
 }
 
 
+TESTBED_LR = 0.2  # Adam step size of the testbed's learned logistic where predictor.lr is unset
+
+
 @dataclass
-class TestbedPredictorConfig:
-    """The learned predictor of the testbed (logistic on turn features)."""
+class TestbedPredictorConfig(PredictorGroup):
+    """TRACE's predictor settings on the testbed (`trace_config.PredictorGroup`, the names the LM commands, verl
+    and TRL read): `kind` light is the testbed's learned logistic on turn features (its stand-in for the text
+    predictor), `history` the reward history; `lr` is the logistic's step size (unset: TESTBED_LR)."""
 
     __test__ = False
 
-    lr: float = 0.2  # Adam step size
-    prefix_share: float = PREFIX_SHARE  # share of prefix examples in a predictor batch (paper: ~6%; see docs)
-    flip_model: str = "raw"  # stage 2's flip probability: raw (from V~) | calibrated (predictors/flip.py)
-    root_model: str = "raw"  # what TRACE's root allocator reads: V~ (raw) | calibrated (predictors/root_calibration.py)
-
     def __post_init__(self):
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        check_prefix_share(self.prefix_share)
-        if self.flip_model not in FLIP_MODELS:
-            raise ValueError(f"flip_model must be one of {', '.join(FLIP_MODELS)}, got {self.flip_model!r}")
-        if self.root_model not in ROOT_MODELS:
-            raise ValueError(f"root_model must be one of {', '.join(ROOT_MODELS)}, got {self.root_model!r}")
+        super().__post_init__()
+        kinds = [k for k in predictor_kinds() if k in PREDICTORS]
+        if self.kind not in kinds and ":" not in self.kind:
+            raise ValueError(f"kind: the testbed has no {self.kind!r} (no LM critic here); choose {', '.join(kinds)}")
+        check_predictor_kind(self.kind)
 
 
 @dataclass
@@ -103,6 +106,7 @@ class SimulateConfig:
     steps: int = 40  # training steps per method
     methods: Optional[list[str]] = None  # methods by name (default: the baselines, or with ablation the ablation)
     ablation: bool = False  # compare TRACE's root x prefix ablation instead of the baselines
+    advantage: str = TraceConfig.advantage  # estimator for every method ('': each method's own)
     eval_every: int = 5  # steps between exact held-out accuracy evaluations
     save_trees_every: int = 0  # write the step's trees every k steps (0: never)
     train_tasks: int = 2048  # size of the training prompt set
@@ -112,6 +116,7 @@ class SimulateConfig:
     ray: RayConfig = field(default_factory=RayConfig)  # the Ray cluster, with executor=ray
     budget: BudgetPlan = field(default_factory=BudgetPlan)  # rollouts per step and how tree methods split them
     predictor: TestbedPredictorConfig = field(default_factory=TestbedPredictorConfig)
+    weighting: str = TraceConfig.weighting  # a turn shared by k leaves: first (once) | leaf (k times) | split (1/k)
     policy: TestbedPolicyConfig = field(default_factory=TestbedPolicyConfig)
     env: TestbedConfig = field(default_factory=TestbedConfig)  # the task family (its seed follows the run's)
 
@@ -126,6 +131,8 @@ class SimulateConfig:
         if self.methods is None:
             self.methods = list(ABLATION_METHODS if self.ablation else DEFAULT_METHODS)
         check_methods(self.methods)
+        check_weighting(self.weighting)
+        check_advantage(self.advantage)
         for name in ("steps", "eval_every", "train_tasks", "eval_tasks"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -141,13 +148,19 @@ class SimulateConfig:
         if self.train_tasks < self.budget.pool:
             raise ValueError(f"train_tasks must be >= the candidate pool ({self.budget.pool}), got {self.train_tasks}")
 
+    def trace_config(self, method: str | Method) -> TraceConfig:
+        """TRACE's configuration of `method`'s run (a name or the `Method`): the estimator, the budget, the
+        predictor settings and the weighting."""
+        return TraceConfig(method, self.advantage, self.budget, self.predictor.settings(), self.weighting)
+
 
 class TabularLearner:
     """The testbed's learner (`rollout.run_loop.Learner`): a policy-gradient step of the tabular policy on the
     rows of the step's trees, weighted by the method's advantages."""
 
-    def __init__(self, policy: SoftmaxPolicy, advantage: str, lr: float, scale: int):
+    def __init__(self, policy: SoftmaxPolicy, advantage: str, lr: float, scale: int, weighting: str = "first"):
         self.policy, self.advantage, self.lr, self.scale = policy, advantage, lr, scale
+        self.weighting = weighting  # each turn is one row here; its weight (`paths.turn_rows`) scales its advantage
 
     def begin_step(self) -> None:
         """Nothing to prepare: the tabular policy samples its current logits."""
@@ -158,7 +171,7 @@ class TabularLearner:
         rows = []
         active = result.active
         for tree, adv in zip(active, batch_advantages(self.advantage, active)):
-            rows += turn_rows(tree, adv)
+            rows += turn_rows(tree, adv, self.weighting)
         before = self.policy.theta.copy()
         if rows:
             info = [r["info"] for r in rows]
@@ -166,7 +179,7 @@ class TabularLearner:
                 np.array([i["kind"] for i in info]),
                 np.array([i["at"] for i in info]),
                 np.array([i["a"] for i in info]),
-                np.array([r["advantage"] for r in rows]),
+                np.array([r["advantage"] * r["weight"] for r in rows]),
                 lr=self.lr,
                 scale=self.scale,
             )
@@ -192,27 +205,21 @@ def method_loop(
     tasks = {t.index: t for t in train + evals}
     policy = SoftmaxPolicy(env, cfg.policy.warm_start)
     data_rng = derive_rng(seed, "data")  # the same prompt order for every method
-    own = method.own_predictor  # the method's own V~, if its entry builds one here; else the learned logistic
-    if own is not None and own.testbed is not None:
+    trace = cfg.trace_config(method)
+    # the method's own V~, else predictor.kind's, where its entry builds one here; else the learned logistic
+    own = method.own_predictor or PREDICTORS.resolve(trace.predictor.kind)
+    if own.testbed is not None:
         predictor = call(own.testbed, env, tasks, policy, cfg.predictor, seed)
     else:
-        predictor = learned_predictor(env, tasks, lr=cfg.predictor.lr, seed=seed)
-    engine = TreeRolloutEngine(
-        TestbedActor(env, policy),
-        predictor,
-        cfg.budget,
-        seed=seed,
-        prefix_share=cfg.predictor.prefix_share,
-        executor=executor,
-        flip_model=make_flip_model(cfg.predictor.flip_model),
-        root_model=make_root_model(cfg.predictor.root_model),
-    )
+        lr = TESTBED_LR if trace.predictor.lr is None else trace.predictor.lr
+        predictor = learned_predictor(env, tasks, lr=lr, seed=seed)
+    engine = TreeRolloutEngine.from_config(TestbedActor(env, policy), predictor, trace, seed=seed, executor=executor)
     loop = RunLoop(
         engine,
         method,
         pool=lambda step: [train[i] for i in data_rng.choice(len(train), size=cfg.budget.pool, replace=False)],
         seed=seed,
-        learner=TabularLearner(policy, method.advantage, cfg.policy.lr, cfg.budget.total),
+        learner=TabularLearner(policy, trace.advantage_name, cfg.policy.lr, cfg.budget.total, trace.weighting),
         evaluate=lambda step: {"accuracy": policy.accuracy(evals)},  # exact, over the held-out prompts
         eval_every=cfg.eval_every,
     )

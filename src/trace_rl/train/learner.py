@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..advantages import batch_advantages
 from ..rollout.engine import StepResult
+from ..trace_config import TraceConfig
 from .update import UpdateConfig, schedule_lr, update_policy
 
 
@@ -19,12 +20,13 @@ class LMLearner:
         policy,
         cfg: UpdateConfig,
         steps: int,
-        advantage: str,
+        trace: TraceConfig,
         ref_model=None,
         temperature: float = 1.0,
     ):
+        """`trace`: the run's TRACE configuration (its advantage estimator and the weighting of shared turns)."""
         self.model, self.optimizer, self.policy, self.cfg = model, optimizer, policy, cfg
-        self.steps, self.advantage, self.ref_model, self.temperature = steps, advantage, ref_model, temperature
+        self.steps, self.trace, self.ref_model, self.temperature = steps, trace, ref_model, temperature
 
     def begin_step(self) -> None:
         """A step never depends on what earlier steps or evaluations left cached; it samples with dropout off."""
@@ -41,10 +43,11 @@ class LMLearner:
             self.model,
             self.optimizer,
             active,
-            batch_advantages(self.advantage, active),
+            batch_advantages(self.trace.advantage_name, active),
             self.cfg,
             ref_model=self.ref_model,
             temperature=self.temperature,  # log-probs of the distribution the rollouts sampled
+            weighting=self.trace.weighting,
         )
         self.model.eval()
         self.policy.sync_weights()  # the backend samples the new weights; no cached KV of the old ones

@@ -38,11 +38,11 @@ def run_settings(cfg: TrainConfig) -> dict:
 
 def _without_unread(settings: dict) -> dict:
     """A method that never branches never reads budget.branch_factor or predictor.flip_model and flip_prior
-    (stage 2's), and its turns each lie on one path, so update.weighting (how a turn shared by k leaves is
-    weighted) leaves it unchanged: one GRPO run serves a study at any N, weighting or flip model."""
+    (stage 2's), and its turns each lie on one path, so weighting (how a turn shared by k leaves is weighted)
+    leaves it unchanged: one GRPO run serves a study at any N, weighting or flip model."""
     if settings.get("method") in METHODS and not METHODS[settings["method"]].branches:
         settings.get("budget", {}).pop("branch_factor", None)
-        settings.get("update", {}).pop("weighting", None)
+        settings.pop("weighting", None)
         settings.get("predictor", {}).pop("flip_model", None)
         settings.get("predictor", {}).pop("flip_prior", None)
     if settings.get("method") in METHODS and not METHODS[settings["method"]].roots_on_value:

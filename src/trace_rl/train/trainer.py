@@ -56,6 +56,7 @@ class TrainConfig(LMRunConfig):
     steps: int = 40  # training steps
     method: str = TraceConfig.method  # how rollouts are allocated (methods.METHODS)
     advantage: str = TraceConfig.advantage  # estimator ('': the method's own): trace | grpo | tree_grpo | treepo
+    weighting: str = TraceConfig.weighting  # a turn shared by k leaves: first (once) | leaf (k times) | split (1/k)
     resume: bool = False  # continue from the newest complete checkpoint in out
     eval_every: int = 20  # steps between held-out evaluations (and one at the start and the end)
     eval_tasks: int = 640  # held-out tasks per evaluation (640 x 2: the sampling standard error is below 1 point)
@@ -108,8 +109,8 @@ class TrainConfig(LMRunConfig):
 
     def trace_config(self) -> TraceConfig:
         """This run's TRACE configuration, from the keys the command line names (method, advantage, budget.*,
-        predictor.kind, predictor.prefix_share, update.weighting)."""
-        return TraceConfig(self.method, self.advantage, self.budget, self.predictor.settings(), self.update.weighting)
+        predictor.*: kind, prefix_share, lr and the calibration layers, weighting)."""
+        return TraceConfig(self.method, self.advantage, self.budget, self.predictor.settings(), self.weighting)
 
 
 # what a resume may change: where a run writes and how it reports, how long it runs, where it computes; every
@@ -359,14 +360,7 @@ def build_run(cfg: TrainConfig, ckpt, identity: dict, config_yaml: str) -> Train
     out.mkdir(parents=True, exist_ok=True)
     if config_yaml:
         (out / "config.yaml").write_text(config_yaml + start_comment(start_model))
-    engine = stack.engine(
-        predictor,
-        trace.budget,
-        prefix_share=trace.predictor.prefix_share,
-        flip_model=cfg.predictor.flip_model,
-        flip_prior=cfg.predictor.flip_prior,
-        root_model=cfg.predictor.root_model,
-    )
+    engine = stack.engine(predictor, trace)
     for name in LAYERS:  # a resumed run's layers, as they were saved
         if (layer := getattr(engine, name)) is not None and getattr(state, name):
             layer.load_state_dict(getattr(state, name))
@@ -378,7 +372,7 @@ def build_run(cfg: TrainConfig, ckpt, identity: dict, config_yaml: str) -> Train
         policy,
         cfg.update,
         cfg.steps,
-        trace.advantage_name,
+        trace,
         ref_model=ref_model,
         temperature=cfg.policy.temperature,  # log-probs of the distribution the rollouts sampled
     )

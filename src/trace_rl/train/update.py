@@ -44,7 +44,6 @@ from dataclasses import dataclass
 import torch
 
 from ..lm.precision import check_dtype
-from ..paths import check_weighting
 from ..trace_config import TraceConfig
 from ..tree import BRANCH, RolloutTree
 from .losses import AGGREGATIONS, KL_CLAMP, POLICY_LOSSES
@@ -85,7 +84,6 @@ class UpdateConfig:
     minibatches: int = 1  # optimizer steps per epoch: the step's trees dealt into this many groups (PPO minibatches)
     packing: str = "tree"  # tree: every tree token encoded once | flat: one row per root-to-leaf path
     tree_attention: str = "auto"  # tree mask kernel: auto (flex on CUDA, else blocks) | blocks | flex | dense
-    weighting: str = TraceConfig.weighting  # a turn shared by k leaves: first (once) | leaf (k times) | split (1/k)
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank instead of all weights (needs peft)
     lora_alpha: float = 16.0  # LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)
     lora_targets: tuple[str, ...] = LLAMA_LINEAR  # module names that get adapters
@@ -93,7 +91,6 @@ class UpdateConfig:
     dtype: str = "float32"  # forward compute dtype: float32 | bfloat16 (autocast; float32 master weights and AdamW)
 
     def __post_init__(self):
-        check_weighting(self.weighting)
         check_dtype("update.dtype", self.dtype)  # the full key: policy.vllm.dtype shares the last name
         if self.loss not in POLICY_LOSSES:
             raise ValueError(f"loss must be one of {sorted(POLICY_LOSSES)}, got {self.loss!r}")
@@ -173,12 +170,15 @@ def schedule_lr(optimizer: torch.optim.Optimizer, cfg: UpdateConfig, step: int, 
     return lr
 
 
-def _batches(trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: UpdateConfig) -> list[PackedBatch]:
+def _batches(
+    trees: list[RolloutTree], advantages: list[dict[str, float]], cfg: UpdateConfig, weighting: str = "first"
+) -> list[PackedBatch]:
+    """The step's micro-batches; `weighting`: how a turn shared by k leaves counts (TRACE's `weighting`)."""
     if cfg.packing == "flat":
-        return pack_paths(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=cfg.weighting)
+        return pack_paths(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=weighting)
     # trees share rows unless the mask is dense (whose attention work covers every pair of a row)
     share = cfg.tree_attention != "dense"
-    return pack_trees(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=cfg.weighting, share_rows=share)
+    return pack_trees(trees, advantages, max_tokens=cfg.micro_batch_tokens, weighting=weighting, share_rows=share)
 
 
 def advantage_stats(
@@ -239,6 +239,7 @@ def update_policy(
     cfg: UpdateConfig,
     ref_model=None,
     temperature: float = 1.0,
+    weighting: str = TraceConfig.weighting,
 ) -> dict[str, float]:
     """`cfg.epochs` x `cfg.minibatches` optimizer steps on the trees' policy tokens (tree i goes to minibatch
     i mod minibatches, each minibatch's loss normalised over its own tokens), their log-probs taken at the sampling
@@ -249,9 +250,10 @@ def update_policy(
     train/policy_tokens (trained tokens), train/micro_batches; and `advantage_stats`, and train/update_kl (k3 KL
     of the policy before the step to the policy after it, token mean over the trained tokens), with
     train/update_kl_unbounded and train/update_scale (the step's KL before `max_update_kl` scaled it back, and the
-    share of the step kept: 1 when the bound did not act)."""
+    share of the step kept: 1 when the bound did not act). `weighting`: how a turn shared by k leaves counts
+    (TRACE's configuration, `trace_config.TraceConfig.weighting`; checked by the packer)."""
     groups = [
-        _batches(trees[j :: cfg.minibatches], advantages[j :: cfg.minibatches], cfg)
+        _batches(trees[j :: cfg.minibatches], advantages[j :: cfg.minibatches], cfg, weighting)
         for j in range(min(cfg.minibatches, max(len(trees), 1)))
     ]
     batches = [b for group in groups for b in group]

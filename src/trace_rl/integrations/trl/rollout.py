@@ -27,9 +27,10 @@ Limits:
 
 Settings: the keyword arguments are TRACE's one configuration (`trace_config.TraceConfig`), with the command
 line's names and defaults: `method`, `advantage`, `budget` (its `branch_factor` and `max_per_prompt`; TRL
-decides the prompts and the group size, and the slice is the pool), `predictor` (`kind`, `prefix_share`; or a
+decides the prompts and the group size, and the slice is the pool), `predictor` (`kind`, `prefix_share`, `lr`,
+and the calibration layers `flip_model`, `flip_prior`, `root_model`, kept across calls as the predictor is; or a
 `Predictor` object of one's own) and `weighting`. The names used before (`estimator`, a flat `branch_factor` or
-`max_per_prompt`) are refused in one line that names the new one.
+`max_per_prompt`, `predictor.critic_lr`) are refused in one line that names the new one.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from ...envs.base import AgentEnv
 from ...methods import BudgetPlan
 from ...predictors.base import Predictor
 from ...predictors.build import build_predictor
-from ...rollout.engine import StepResult, TreeRolloutEngine
+from ...rollout.engine import StepResult, TreeRolloutEngine, calibration_layers
 from ...rollout.lm_actor import LMActor
 from ...trace_config import PredictorSettings, TraceConfig
 from ..rows import PathRow, batch_rows
@@ -124,6 +125,9 @@ class TraceRolloutFunc:
         self.predictor = (
             own if own is not None else build_predictor(self.config.predictor, self.config.method_spec, seed)
         )
+        # the calibration layers (predictor.flip_model, root_model) live as long as the predictor: one engine per
+        # call reads and updates the same ones
+        self.layers = calibration_layers(self.config)
         self.params = params or SamplingParams(max_new_tokens=64)
         self.seed = seed
         self._backend: PolicyBackend | None = None
@@ -159,13 +163,8 @@ class TraceRolloutFunc:
         plan = config.batch_plan(len(tasks), g)
         actor = LMActor(self._policy(trainer), self.env_factory, self.params)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
-        engine = TreeRolloutEngine(
-            actor,
-            self.predictor,
-            plan,
-            seed=self.seed,
-            prefix_share=config.predictor.prefix_share,
-            update_predictor=training,
+        engine = TreeRolloutEngine.from_config(
+            actor, self.predictor, config, seed=self.seed, plan=plan, update_predictor=training, layers=self.layers
         )
         result = engine.grow(tasks, config.method_spec, step)
         self.last_result = result

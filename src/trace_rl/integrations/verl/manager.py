@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from .budgets import CONFIG_KEY, ROLLOUT_N_KEY, TraceSettings, prompt_trees, root_counts
 from .compat import AgentLoopManagerTQ
-from .predictor_state import shared_predictor, to_bytes
+from .predictor_state import layer_bytes, shared_layers, shared_predictor, to_bytes
 from .worker import VALUE_KEY, TraceAgentLoopWorker
 
 
@@ -42,6 +42,7 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
         self.agent_loop_workers_class = TraceAgentLoopWorker  # AgentLoopManagerTQ set verl's; the trees need ours
         self.trace = TraceSettings.from_config(self.config.get(CONFIG_KEY, None))
         self.predictor = shared_predictor(self.trace.config, self.trace.seed)  # the trainer updates this one
+        self.flip_model, self.root_model = shared_layers(self.trace.config, self.trace.seed)  # the trainer fits them
         # refuse at start-up, not at the first batch, a budget verl's mini-batches cannot take
         batch = int(self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size)
         root_counts(np.full(batch, 0.5), int(self.rollout_config.n), self.trace)
@@ -51,7 +52,10 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
         trees = prompt_trees(_column(prompts, "uid"), _column(prompts, "raw_prompt"))
         values = self.predictor.predict([(t, t.root_id) for t in trees])
         step = int(_scalar(prompts, "global_steps", 0))
-        counts = root_counts(values, int(self.rollout_config.n), self.trace, step=step)
+        read = values  # TRACE's root allocator reads V~ through the root layer (predictor.root_model=calibrated)
+        if self.root_model is not None and self.trace.method_spec.roots_on_value:
+            read = self.root_model.predict(values)
+        counts = root_counts(read, int(self.rollout_config.n), self.trace, step=step)
         prompts[ROLLOUT_N_KEY] = torch.as_tensor(counts, dtype=torch.int64)
         prompts[VALUE_KEY] = torch.as_tensor(values, dtype=torch.float32)
         return counts
@@ -59,6 +63,6 @@ class TraceAgentLoopManager(AgentLoopManagerTQ):
     def generate_sequences(self, prompts: TensorDict) -> None:
         if not bool(_scalar(prompts, "validate", False)):
             self.allocate(prompts)
-            blob = to_bytes(self.predictor)
-            ray.get([w.set_trace_predictor.remote(blob) for w in self.agent_loop_workers])
+            blob, flip = to_bytes(self.predictor), layer_bytes(self.flip_model)
+            ray.get([w.set_trace_predictor.remote(blob, flip) for w in self.agent_loop_workers])
         super().generate_sequences(prompts)

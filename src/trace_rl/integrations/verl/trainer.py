@@ -27,12 +27,13 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 
 from ...predictors.base import training_examples
+from ...rollout.engine import observe_layers
 from ...seeding import derive_rng
 from . import compat
 from .advantage import merge_tree_advantages
 from .budgets import CONFIG_KEY, TraceSettings
 from .compat import PPOTrainerSync, register_trainer, response_to_nested
-from .predictor_state import shared_predictor
+from .predictor_state import shared_layers, shared_predictor
 
 TRAINER_NAME = "trace"
 
@@ -52,6 +53,7 @@ class TraceTrainer(PPOTrainerSync):
             )
         self.trace = TraceSettings.from_config(config.get(CONFIG_KEY, None))
         self.predictor = shared_predictor(self.trace.config, self.trace.seed)  # the manager's object
+        self.layers = shared_layers(self.trace.config, self.trace.seed)  # the manager's (flip, root) layers
         self._step_trees: list = []
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
@@ -92,6 +94,8 @@ class TraceTrainer(PPOTrainerSync):
             loss = float(self.predictor.update(examples, targets))
             metrics = {"trace/predictor_loss": loss, "trace/predictor_examples": float(len(examples))}
             compat.add_sync_metrics(self, metrics)
+        if trees:  # as the engine fits them after its predictor update (`rollout.engine.observe_layers`)
+            observe_layers(*self.layers, trees, self.trace.method_spec)
 
 
 def tree_metrics(trees: list, extra: list, padding: list) -> dict[str, float]:

@@ -97,15 +97,18 @@ async def grow_prompt_tree(
     config: TraceConfig,
     seed: int,
     step: int,
+    flip_model=None,
 ):
-    """Grow one prompt's tree under `config` (its method, branch factor and prefix share); returns (tree,
-    [(leaf id, session)], StepResult). `uid` is the tree's root id."""
+    """Grow one prompt's tree under `config` (its method, branch factor and prefix share), stage 2 reading its
+    flip probability through `flip_model` (the manager's flip layer; None: q from V~); returns (tree,
+    [(leaf id, session)], StepResult). `uid` is the tree's root id. Nothing is fitted here: the trainer fits the
+    predictor and the layers on the step's trees."""
     if roots < 1:
         raise ValueError(f"a tree needs at least one root rollout, got {roots}")
     plan, one = single_prompt_plan(roots, config)
     actor = SessionActor(open_sessions, prompt)
-    engine = TreeRolloutEngine(
-        actor, predictor, plan, seed=seed, prefix_share=config.predictor.prefix_share, update_predictor=False
+    engine = TreeRolloutEngine.from_config(
+        actor, predictor, config, seed=seed, plan=plan, update_predictor=False, layers=(flip_model, None)
     )
     result = await engine.agrow([uid], one, step)
     tree = result.trees[0]

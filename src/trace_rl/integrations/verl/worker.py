@@ -23,13 +23,14 @@ import ray
 import transfer_queue as tq
 
 from ...predictors.build import build_predictor
+from ...rollout.engine import calibration_layers
 from ...seeding import derive_seed
 from . import compat
 from .advantage import TRACE_FIELD, leaf_record
 from .budgets import CONFIG_KEY, ROLLOUT_N_KEY, TraceSettings, prompt_text
 from .compat import DictConfigWrap, ToolListWrap
 from .loop import TraceToolAgentLoop
-from .predictor_state import load_bytes
+from .predictor_state import load_bytes, load_layer
 from .tree_actor import grow_prompt_tree
 
 logger = logging.getLogger(__name__)
@@ -42,11 +43,13 @@ class _TraceAgentLoopWorker(compat.AgentLoopWorkerBase):
         self.trace = TraceSettings.from_config(self.config.get(CONFIG_KEY, None))
         # this worker's own copy (the manager sends its weights before each batch), from the one predictor builder
         self.predictor = build_predictor(self.trace.config.predictor, self.trace.method_spec, self.trace.seed)
+        self.flip_model = calibration_layers(self.trace.config)[0]  # stage 2's flip layer; the manager sends its state
 
-    def set_trace_predictor(self, blob: bytes | None) -> None:
-        """The manager's current predictor weights, sent before each training batch."""
+    def set_trace_predictor(self, blob: bytes | None, flip: bytes | None = None) -> None:
+        """The manager's current predictor weights and flip layer state, sent before each training batch."""
         if blob is not None:
             load_bytes(self.predictor, blob)
+        load_layer(self.flip_model, flip)
 
     def _agent_loop(self, agent_name: str):
         """An agent loop instance as `AgentLoopWorker._run_agent_loop` builds it (verl 0.9.1)."""
@@ -112,6 +115,7 @@ class _TraceAgentLoopWorker(compat.AgentLoopWorkerBase):
             self.trace.config,
             derive_seed(self.trace.seed, "verl-tree", uid),
             step,
+            self.flip_model,
         )
         if not math.isnan(value):
             tree.root.predicted = value
