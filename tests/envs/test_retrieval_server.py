@@ -432,9 +432,9 @@ def test_a_client_gone_mid_body_is_one_log_line_not_a_traceback():
 
 
 def test_the_log_queue_drops_records_rather_than_wait():
-    from trace_rl.envs.retrieval_server import _DropWhenFull
+    from trace_rl.envs.retrieval_log import DropWhenFull
 
-    handler = _DropWhenFull(queue.Queue(3))  # nobody takes records off it
+    handler = DropWhenFull(queue.Queue(3))  # nobody takes records off it
     logger = logging.getLogger("trace_rl.test_drop")
     logger.addHandler(handler)
     logger.propagate = False

@@ -11,7 +11,7 @@ import threading
 LOG_QUEUE = 1000  # log records waiting for stderr; past that they are dropped
 
 
-class _DropWhenFull(logging.handlers.QueueHandler):
+class DropWhenFull(logging.handlers.QueueHandler):
     """Hands records to a queue without waiting: when the queue is full the record is dropped and counted."""
 
     def __init__(self, records: queue.Queue):
@@ -25,11 +25,11 @@ class _DropWhenFull(logging.handlers.QueueHandler):
             self.dropped += 1
 
 
-_log_handler: _DropWhenFull | None = None
+_log_handler: DropWhenFull | None = None
 _log_lock = threading.Lock()
 
 
-def _log_off_the_loop() -> _DropWhenFull:
+def log_off_the_loop() -> DropWhenFull:
     """Route uvicorn's and this module's log records through a bounded queue that a thread writes to stderr.
     A stderr that nobody reads (a pipe whose reader stopped) then blocks that thread only: the event loop never
     waits on a log write, and records past LOG_QUEUE are dropped. Once per process; idempotent."""
@@ -40,7 +40,7 @@ def _log_off_the_loop() -> _DropWhenFull:
             stream = logging.StreamHandler(sys.stderr)
             stream.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
             logging.handlers.QueueListener(records, stream).start()  # a daemon thread
-            _log_handler = _DropWhenFull(records)
+            _log_handler = DropWhenFull(records)
         for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi", "trace_rl.envs.retrieval_server"):
             logger = logging.getLogger(name)
             logger.handlers[:] = [_log_handler]

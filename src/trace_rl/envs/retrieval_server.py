@@ -32,7 +32,7 @@ or lock other clients out:
   kernel send buffer is socket_buffer_bytes (no autotuning to megabytes per connection).
   `RetrieverServer.stats()` gives the server's own count of connections and unread bytes.
 - logs: uvicorn's and this module's records go through a bounded queue to a thread that writes stderr
-  (`_log_off_the_loop`), so a stderr nobody reads can never stall the server (records past the queue are
+  (`log_off_the_loop`), so a stderr nobody reads can never stall the server (records past the queue are
   dropped); a client that disconnects mid-body is one line, not a traceback.
 serve() binds loopback addresses only unless allow_remote is set, as the server has no authentication.
 
@@ -54,7 +54,7 @@ from typing import Any
 
 from .retrieval import Passage, Retriever
 from .retrieval_client import RemoteRetriever, RetrieverError
-from .retrieval_log import _DropWhenFull, _log_off_the_loop  # noqa: F401  (_DropWhenFull: tests use it here)
+from .retrieval_log import log_off_the_loop
 
 __all__ = ["RemoteRetriever", "RequestError", "RetrieverError", "RetrieverServer", "ServerLimits", "serve"]
 
@@ -323,6 +323,18 @@ def _drop(transport: asyncio.Transport) -> None:
         transport.close()
 
 
+def _victim(others: list) -> Any:
+    """The connection to make room with: the oldest idle one, else the oldest holding an unread reply, else the
+    oldest still receiving its body from the address that has most of those; None when none of these exists."""
+    victims = [c for c in others if c.idle()] or [c for c in others if c.unread()]
+    if not victims:
+        slow = [c for c in others if c.receiving()]
+        counts = collections.Counter(c.client[0] if c.client else None for c in slow)
+        top = max(counts, key=counts.__getitem__, default=None)
+        victims = [c for c in slow if (c.client[0] if c.client else None) == top]
+    return min(victims, key=lambda c: c.opened) if victims else None
+
+
 def _protocol(limits: ServerLimits, output: _Output):
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -386,19 +398,10 @@ def _protocol(limits: ServerLimits, output: _Output):
             )
 
         def _evict(self, among: list) -> bool:
-            """Drop the oldest idle connection among `among` (not this one), else the oldest holding an unread
-            reply, else the oldest still receiving its body from the address that has most of those; False when
-            none of these exists."""
-            others = [c for c in among if c is not self]
-            victims = [c for c in others if c.idle()] or [c for c in others if c.unread()]
-            if not victims:
-                slow = [c for c in others if c.receiving()]
-                counts = collections.Counter(c.client[0] if c.client else None for c in slow)
-                top = max(counts, key=counts.__getitem__, default=None)
-                victims = [c for c in slow if (c.client[0] if c.client else None) == top]
-            if not victims:
+            """Drop the connection `_victim` picks among `among` (not this one); False when there is none."""
+            victim = _victim([c for c in among if c is not self])
+            if victim is None:
                 return False
-            victim = min(victims, key=lambda c: c.opened)
             victim.dropped = True
             _drop(victim.transport)
             return True
@@ -476,13 +479,13 @@ def serve(
         raise ValueError(f"port must be an integer in 0..65535, got {port!r}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family)
-    _log_off_the_loop()
+    log_off_the_loop()
     output = _Output(limits)
     config = uvicorn.Config(
         _app(retriever, limits, output),
         http=_protocol(limits, output),
         lifespan="off",
-        log_config=None,  # _log_off_the_loop's handlers stay: uvicorn's own would write to stderr from the loop
+        log_config=None,  # log_off_the_loop's handlers stay: uvicorn's own would write to stderr from the loop
         log_level="warning",
         access_log=False,
         timeout_keep_alive=limits.keep_alive_s,
