@@ -1,6 +1,12 @@
+import os
+
 import pytest
 
 from trace_rl.tree import BRANCH, RolloutTree
+
+# Every Ray cluster a test starts (in this process or a child) registers its node on 127.0.0.1 and listens there:
+# Ray reads the switch when it is imported, so it is set before any test module can import it (issue 50, item 7).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -15,6 +15,11 @@
 #                            TransferQueue storage actors each hold a CPU: with Ray counting the 2 CPUs of a small
 #                            machine they are never scheduled and the launch waits silently for ever
 #   TQ_STORAGE_UNITS         TransferQueue storage units (default 8, or 1 on a machine with fewer than 16 CPUs)
+#   RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER  0 (default): the local Ray cluster verl starts registers its node on
+#                            127.0.0.1 and binds its listeners there (without it Ray replaces a node address of
+#                            127.0.0.1 by the machine's network address); with the dashboard off
+#                            (ray_kwargs.ray_init below). For a cluster of several machines set it to 1 and drop
+#                            the ray_init._node_ip_address override
 #   TRACE_SANDBOX            how the python tool contains model code: strict (default; bubblewrap + seccomp,
 #                            refused at start-up where it cannot run) or weak (an in-process audit hook, chosen
 #                            explicitly; every step's metrics then carry trace/sandbox_weak=1)
@@ -27,6 +32,7 @@ NCPU=$(nproc)
 RAY_NUM_CPUS=${RAY_NUM_CPUS:-$(( NCPU < 32 ? 32 : NCPU ))}
 TQ_STORAGE_UNITS=${TQ_STORAGE_UNITS:-$(( NCPU < 16 ? 1 : 8 ))}
 export MODEL
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=${RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER:-0}  # read when ray is imported
 export TRACE_SANDBOX=${TRACE_SANDBOX:-strict}  # exported: Ray's local workers inherit it (tool and trainer)
 TRAIN_FILES=${TRAIN_FILES:?parquet of training prompts}
 VAL_FILES=${VAL_FILES:?parquet of validation prompts}
@@ -106,5 +112,7 @@ python -m verl.trainer.main_ppo \
   trainer.project_name=trace-rl \
   trainer.experiment_name="trace-$(basename "$MODEL")-math" \
   ray_kwargs.ray_init.num_cpus="$RAY_NUM_CPUS" \
+  +ray_kwargs.ray_init._node_ip_address=127.0.0.1 \
+  +ray_kwargs.ray_init.include_dashboard=False \
   transfer_queue.backend.SimpleStorage.num_data_storage_units="$TQ_STORAGE_UNITS" \
   "$@"

@@ -60,11 +60,12 @@ def test_main_ppo_with_the_plugin_runs_up_to_verls_gpu_check(tmp_path):
             "trainer.n_gpus_per_node": "1",
             "trainer.logger": "[console]",
             "trainer.default_local_dir": str(tmp_path / "ckpt"),
-            "+ray_kwargs.ray_init._node_ip_address": "127.0.0.1",
-            "+ray_kwargs.ray_init.include_dashboard": "False",
         },
     )
+    # the script's own Ray settings (node on 127.0.0.1, no dashboard: test_verl_ray_loopback.py), and its export
+    assert "+ray_kwargs.ray_init._node_ip_address=127.0.0.1" in overrides
     env = {**os.environ, "TRACE_SANDBOX": "weak", "RAY_DEDUP_LOGS": "0", "HF_HUB_OFFLINE": "1"}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     proc = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
         capture_output=True,
