@@ -273,6 +273,9 @@ def test_a_prior_file_round_trips_and_a_checkpoint_keeps_its_prior(tmp_path):
     with pytest.raises(ValueError, match="settings"):  # a checkpoint of another prior is refused
         FlipCalibrator(sigma_cell=0.5, sigma_slope=0.25).load_state_dict(layer.state_dict())
     assert "prior_mean" not in FlipCalibrator().state_dict()["settings"]  # checkpoints from before still load
+    path.write_text("[" * 100_000 + "]" * 100_000)  # deeper than json's recursive parser: once a RecursionError
+    with pytest.raises(ValueError, match="not a JSON file"):
+        FlipPrior.load(path)
 
 
 def test_a_prior_carries_the_half_life_its_layer_ages_at_and_older_files_keep_sixteen(tmp_path):

@@ -54,7 +54,6 @@ the policy's hidden states) can sharpen which prefix of a cell to pick. numpy on
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -62,6 +61,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..allocation import prefix_flip_prob
+from ..safe_read import read_json
 from ..strict_json import dumps
 from ..tree import RolloutTree
 from .map_logistic import AgedLogisticLayer, binomial_counts
@@ -259,8 +259,8 @@ class FlipPrior:
         if not Path(path).is_file():
             raise ValueError(f"no file {path} (lab/scripts/fit_flip_prior.py writes one)")
         try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            doc = read_json(path)  # bounded (safe_read.MAX_JSON_BYTES); nesting too deep is a ValueError too
+        except (OSError, ValueError) as err:
             raise ValueError(f"{path} is not a JSON file: {err}") from None
         try:
             return cls.from_dict(doc)
