@@ -39,9 +39,11 @@ from trace_rl.integrations.verl import worker as worker_mod  # noqa: E402
 from trace_rl.integrations.verl.advantage import leaf_record, token_advantages  # noqa: E402
 from trace_rl.integrations.verl.budgets import TraceSettings, expected_rows  # noqa: E402
 from trace_rl.integrations.verl.loop import TraceToolAgentLoop  # noqa: E402
+from trace_rl.integrations.verl.predictor_state import shared_layers  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
 from trace_rl.methods import BudgetPlan, get_method  # noqa: E402
 from trace_rl.predictors.build import build_predictor  # noqa: E402
+from trace_rl.rollout.engine import calibration_layers  # noqa: E402
 from trace_rl.trace_config import PredictorSettings, TraceConfig  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -174,6 +176,7 @@ def _worker(monkeypatch, server, recorder):
     w.config = OmegaConf.create(CONFIG)
     w.trace = TraceSettings.from_config(w.config.trace_rl)
     w.predictor = build_predictor(PredictorSettings(), get_method("trace"), 0)
+    w.flip_model = calibration_layers(w.trace.config)[0]  # as __init__ sets it (raw here: None)
     w.llm_client, w.tokenizer, w.processor, w.hf_model_type, w.dataset_cls = server, TOK, None, None, None
     w.tools = [CALC]
 
@@ -256,6 +259,7 @@ def test_manager_writes_root_counts_that_keep_batch_times_n():
     m = object.__new__(manager_mod.TraceAgentLoopManager)
     m.trace = TraceSettings(TraceConfig("trace", budget=BudgetPlan(branch_factor=1, max_per_prompt=8)))
     m.predictor = build_predictor(PredictorSettings(), get_method("trace"), 0)
+    m.flip_model, m.root_model = shared_layers(m.trace.config, 0)  # as __init__ sets them (raw here: None)
     m.rollout_config = OmegaConf.create({"n": 4})
     questions = ["2+3?", "1234*5678-91011?", "7?", "(12+34)*(56-7)?", "9-9?", "100/4?"]
     batch = tu.get_tensordict(
@@ -315,6 +319,7 @@ def test_trainer_overwrites_tree_rows_and_updates_the_predictor(monkeypatch, tre
     t = object.__new__(trainer_mod.TraceTrainer)
     t.trace, t._step_trees, t.global_steps = TraceSettings(), [], 1
     t.predictor = build_predictor(PredictorSettings(), get_method("trace"), 0)
+    t.layers = shared_layers(t.trace.config, 0)  # as __init__ sets them (raw here: None)
     metrics = {}
     monkeypatch.setenv("TRACE_SANDBOX", "weak")  # the weaker tool mode, chosen explicitly, shows in the metrics
     t._compute_advantage(KVBatchMeta(partition_id="train", keys=keys, tags=tags), metrics)
