@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import ConfigError, UserError
+from ..safe_read import read_json
 from ..stack.config import check_seed
 from ..trace_config import check_advantage, check_methods
 from ..train import compare as train_study
@@ -186,7 +187,7 @@ def _rollout_finished(run: Path, cfg: RolloutConfig) -> bool:
     path = run / RUN_SETTINGS
     if not path.exists():
         return False
-    diff = setting_differences(upgrade_run_settings(json.loads(path.read_text())), _rollout_settings(cfg))
+    diff = setting_differences(upgrade_run_settings(read_json(path, strict=False)), _rollout_settings(cfg))
     if diff:
         raise ConfigError(
             f"out: {run} holds a run with other settings (differs in {', '.join(diff)}); "

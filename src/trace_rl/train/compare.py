@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import math
 import os
 import re
@@ -166,7 +165,7 @@ def run_one(cfg: Study, spec: str, seed: int, warm: int, runner: Callable[..., d
     with contextlib.ExitStack() as held:
         if not checkpoints(run):  # a resumed run never evaluates its start; one from step 0 waits for the pair's
             held.enter_context(file_lock(shared))  # released once this run has the evaluation, or has failed
-        cached = json.loads(shared.read_text()) if shared.exists() else {}
+        cached = read_json(shared, strict=False) if shared.exists() else {}
         before = cached.get("before") if upgrade_run_settings(cached.get("settings")) == key else None
         if before is not None:
             held.close()

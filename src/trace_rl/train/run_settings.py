@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..methods import METHODS
+from ..safe_read import read_json
 from ..stack.env_config import upgrade_run_settings
 from .checkpoint import setting_differences
 from .trainer import TrainConfig
@@ -95,7 +96,7 @@ def finished(run: Path, cfg: TrainConfig) -> bool:
     path = run / RUN_SETTINGS
     if not path.exists():
         return False
-    stored = _without_unread(upgrade_run_settings(json.loads(path.read_text())))
+    stored = _without_unread(upgrade_run_settings(read_json(path, strict=False)))
     current = run_settings(cfg)
     diff = [k for k in setting_differences(stored, current) if not _added_since_at_default(k, stored, current)]
     if diff:
@@ -104,7 +105,7 @@ def finished(run: Path, cfg: TrainConfig) -> bool:
             "use another out, or the settings it was run with"
         )
     summary = run / "train_summary.json"
-    return summary.exists() and json.loads(summary.read_text()).get("steps") == cfg.steps
+    return summary.exists() and read_json(summary, strict=False).get("steps") == cfg.steps
 
 
 def start_settings(cfg: TrainConfig) -> dict:
