@@ -23,7 +23,7 @@ def test_missing_runs_are_named_with_the_command_that_makes_them(tmp_path, capsy
     assert main(["report", f"store={tmp_path}", "tables=lm_peers,testbed_accuracy"]) == 0
     err = capsys.readouterr().err
     assert "missing: lm_peers: no stored study 'lm_regime'" in err
-    assert "trace-rl compare out=runs/lm_regime methods=grpo,trace,pcl,vip env.calculator.preset=rl" in err
+    assert "trace-rl compare out=runs/lm_regime methods=grpo,trace,pcl,vip train.env.calculator.preset=rl" in err
     assert "missing: testbed_accuracy" in err and "then `trace-rl report keep=runs/testbed_accuracy`" in err
 
 
@@ -83,3 +83,17 @@ def test_keep_stores_a_study_that_report_then_prints_and_update_writes_into_the_
     assert "| - |" in rows["trace"]  # TRACE − itself
     pytest.importorskip("matplotlib")
     assert (tmp_path / "img" / "testbed_accuracy_vs_rollouts.png").is_file()
+
+
+def test_each_study_names_a_command_that_parses():
+    """The command a missing study names is one the command line accepts (keys it knows), so it can be rerun."""
+    import shlex
+
+    pytest.importorskip("torch")  # the LM commands' configs import the training layer
+    from trace_rl.cli import COMMANDS
+    from trace_rl.config import _overrides
+    from trace_rl.results.published import STUDIES
+
+    for study in STUDIES.values():
+        name, *args = shlex.split(study.command)[1:]
+        _overrides(COMMANDS[name].config_class(), args)  # raises ConfigError naming an unknown key

@@ -59,7 +59,7 @@ STUDIES: dict[str, Study] = {
         ("grpo", "pcl", "knapsack_rl", "treepo", "tree_grpo", "trace", "trace_oracle"),
     ),
     "lm_regime": Study(
-        f"trace-rl compare out=runs/lm_regime methods=grpo,trace,pcl,vip env.calculator.preset=rl {_SEEDS}",
+        f"trace-rl compare out=runs/lm_regime methods=grpo,trace,pcl,vip train.env.calculator.preset=rl {_SEEDS}",
         ("grpo", "trace", "pcl", "vip"),
     ),
     "lm_default": Study(
@@ -69,8 +69,9 @@ STUDIES: dict[str, Study] = {
         anchors=("trace",),
     ),
     "lm_calibrated": Study(
-        f"trace-rl compare --config examples/configs/trace_calibrated.yaml out=runs/lm_calibrated methods=trace "
-        f"{_SEEDS}",
+        "trace-rl compare out=runs/lm_calibrated methods=trace train.predictor.flip_model=calibrated "
+        "train.predictor.root_model=calibrated "
+        f"train.predictor.flip_prior=examples/configs/priors/flip-prior-tiny0.json {_SEEDS}",
         ("trace",),
         anchors=("trace",),
     ),
