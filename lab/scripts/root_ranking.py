@@ -1,6 +1,6 @@
 """How well can the roots be ranked, and what would a perfect ranking buy stage 1? Offline, on a TRACE checkpoint.
 
-    trace-rl eval policy.model=runs/X/global_step_20 env.calculator.preset=train limit=256 samples=16 seed=5 \
+    trace-rl eval policy.model=runs/X/global_step_20 env.calculator.preset=train limit=256 eval_samples=16 seed=5 \
         out=runs/roots/X-step20
     python lab/scripts/root_ranking.py runs/roots/X-step20 [more eval dirs ...] [--pools 4000] [--out FILE.json]
 
@@ -55,7 +55,7 @@ def load_eval(run: Path) -> tuple[list[dict], np.ndarray, np.ndarray, np.ndarray
         scores[int(r["index"])][int(r["sample"])] = float(r["score"])
     n = max(scores) + 1
     if any(len(scores[i]) < 2 * HALF for i in range(n)):
-        raise SystemExit(f"root_ranking: {run} needs {2 * HALF} samples of every task (trace-rl eval samples=16)")
+        raise SystemExit(f"root_ranking: {run} needs {2 * HALF} samples of every task (trace-rl eval eval_samples=16)")
     if n < POOL:
         raise SystemExit(f"root_ranking: {run} has {n} tasks; pools of {POOL} need at least that many (limit=256)")
     bench = next(iter(spec.benchmarks))
@@ -305,7 +305,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="trace-rl eval output directories (samples=16)")
+    ap.add_argument("runs", nargs="+", type=Path, help="trace-rl eval output directories (eval_samples=16)")
     ap.add_argument("--pools", type=int, default=4000, help="random candidate pools per checkpoint")
     ap.add_argument("--out", type=Path, help="write every figure as JSON here too")
     ap.add_argument("--plot", type=Path, help="a PNG: rho, stage 1's effective ratio and mixed prompts by source")

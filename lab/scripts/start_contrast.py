@@ -1,8 +1,8 @@
-"""How much contrast a task mix offers at the start: from `trace-rl eval samples=G out=DIR`, the share of tasks
+"""How much contrast a task mix offers at the start: from `trace-rl eval eval_samples=G out=DIR`, the share of tasks
 whose G samples are mixed (some succeed, some fail: what GRPO's effective ratio is at the start with groups of G),
 always solved and never solved, overall and by the environment's difficulty groups.
 
-    trace-rl eval limit=240 samples=8 out=runs/contrast-ws0 policy.model=tiny          # the `rl` preset by default
+    trace-rl eval limit=240 eval_samples=8 out=runs/contrast-ws0 policy.model=tiny          # the `rl` preset by default
     python lab/scripts/start_contrast.py runs/contrast-ws0 [runs/contrast-ws2 ...]
 
 The tasks are rebuilt from the run's config.yaml (its env, settings and benchmark), so a group label is the one
@@ -40,7 +40,7 @@ def outcomes(run: Path) -> tuple[dict[str, list[tuple[int, int]]], int]:
     for key, s in sorted(scores.items()):
         label = spec.group(tasks[key]) if spec.group else key[0]
         groups[label].append((sum(x > 0.5 for x in s), len(s)))
-    return groups, cfg.samples
+    return groups, cfg.eval_samples
 
 
 def shares(rows: list[tuple[int, int]]) -> dict[str, float]:

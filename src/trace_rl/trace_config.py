@@ -47,9 +47,9 @@ from .registry import (
 PREFIX_SHARE = 0.5  # share of prefix examples in a predictor batch (paper: about 6%; docs/predictors.md)
 PREDICTOR_RENAMED = {"light_text": "light"}  # a predictor.kind used before, refused with the name to set
 CALIBRATION_MODES = ("raw", "calibrated")  # predictor.flip_model and root_model (predictors.flip, root_calibration)
-# keys of TRACE's configuration named otherwise before it was whole, in any reader (command line, simulate, verl,
-# TRL): refused in one line naming the new key, so a config written for them never silently changes meaning
-RENAMED = {"update.weighting": "weighting", "predictor.critic_lr": "predictor.lr"}
+# keys named otherwise before one concept had one name across commands, in any reader (command line, simulate,
+# verl, TRL): refused in one line naming the new key, so a config written for them never silently changes meaning
+RENAMED = {"update.weighting": "weighting", "predictor.critic_lr": "predictor.lr", "samples": "eval_samples"}
 
 
 STATUSES = ("stable", "experimental")  # stable: the paper's methods and baselines; experimental: research variants

@@ -27,7 +27,7 @@ def test_eval_at_the_default_size_completes_with_every_sample(tmp_path, monkeypa
         "policy.backend=vllm",
         "policy.max_new_tokens=8",
         "limit=640",
-        "samples=2",
+        "eval_samples=2",
         f"out={out}",
     ]
     assert main(["eval", *args]) == 0

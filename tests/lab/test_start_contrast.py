@@ -14,7 +14,7 @@ _spec = importlib.util.spec_from_file_location("start_contrast", SCRIPT)
 start_contrast = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(start_contrast)
 
-CONFIG = """samples: 4
+CONFIG = """eval_samples: 4
 env:
   name: calculator
   calculator:

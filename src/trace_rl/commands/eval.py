@@ -21,7 +21,7 @@ class EvalConfig:
     data: str = ""  # a task file instead (verl / Search-R1 / SkyRL parquet or JSON-lines rows; its system kept)
     limit: int = 0  # first N tasks of each benchmark (0: all)
     k: list[int] = field(default_factory=lambda: [1])  # k of pass@k
-    samples: int = 1  # samples per task (at least the largest k)
+    eval_samples: int = 1  # samples per task (at least the largest k); train's name for it too
     seed: int = 0  # one seed reproduces the samples
     out: str = ""  # a directory for per-sample results (samples.jsonl) and the resolved config (default: none)
     policy: LMPolicyConfig = field(default_factory=LMPolicyConfig)
@@ -30,8 +30,8 @@ class EvalConfig:
     def __post_init__(self):
         if self.limit < 0:
             raise ValueError(f"limit must be >= 0 (0: every task), got {self.limit}")
-        if self.samples < 1:
-            raise ValueError(f"samples must be >= 1, got {self.samples}")
+        if self.eval_samples < 1:
+            raise ValueError(f"eval_samples must be >= 1, got {self.eval_samples}")
         if not self.k or min(self.k) < 1:
             raise ValueError(f"k must be one or more integers >= 1, got {self.k}")
         check_seed(self.seed)
@@ -71,7 +71,7 @@ def run(cfg: EvalConfig, yaml_text: str) -> list[dict]:
     unknown = [b for b in benches if b not in spec.benchmarks]
     if unknown:
         raise ConfigError(f"bench: unknown {unknown} for env {cfg.env.name}; choose from {', '.join(spec.benchmarks)}")
-    samples = max(max(cfg.k), cfg.samples)
+    samples = max(max(cfg.k), cfg.eval_samples)
     stack = build_stack(cfg.policy, spec, EngineConfig(), seed=cfg.seed)
     engine = stack.engine()  # evaluates only: no predictor, no budget
     rows = []
