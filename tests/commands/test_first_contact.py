@@ -13,32 +13,15 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from helpers_coin import COIN  # noqa: E402
+
 from trace_rl.cli import main  # noqa: E402
 from trace_rl.plots import SKIPPED  # noqa: E402
 from trace_rl.safe_read import loads  # noqa: E402
 
-COIN = """
-from trace_rl.envs.base import ToolEnv
-from trace_rl.envs.registry import EnvSpec, env_plugin
-
-
-class Coin(ToolEnv):
-    system = "Say anything."
-
-    def step(self, action):
-        self.turn += 1
-        self.done = self.turn >= 2
-        return "Go on.", float(self.done and len(action) % 2 == 0), self.done, {"valid_action": True}
-
-
-def tasks(count, seed):
-    return [{"index": i, "question": f"Toss {seed}-{i}.", "answer": ""} for i in range(count)]
-
-
-@env_plugin("coin")
-def coin():
-    return EnvSpec(make=Coin, benchmarks={"coin": lambda n: tasks(n or 4, 0)}, train=tasks, max_new_tokens=6)
-
+COIN_AND_BROKEN = (
+    COIN
+    + """
 
 @env_plugin("broken")
 def broken():
@@ -46,6 +29,7 @@ def broken():
 
     raise ConfigError("env.broken: its corpus is missing (a stand-in for a setting that cannot work here)")
 """
+)
 
 SMALL = [
     "policy.model=random-tiny",
@@ -60,7 +44,7 @@ SMALL = [
 
 @pytest.fixture
 def envs(env_module):
-    name = env_module("first_contact_envs", COIN)
+    name = env_module("first_contact_envs", COIN_AND_BROKEN)
     return f"{name}:coin", f"{name}:broken"
 
 
