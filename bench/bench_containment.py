@@ -1,4 +1,4 @@
-"""What the environments contain, replayed from outside (the figures of docs/results/2026-12-02-env-containment.md):
+"""What the environments contain, replayed from outside (the figures of lab/notes/2026-12-02-env-containment.md):
 kernel-memory floods in the strict sandbox with and without a memory cgroup (the machine's Slab and MemAvailable
 sampled while they run), the POSIX timers and AIO contexts one call takes, callers killed at random moments
 (sandbox processes left running, counted by process tree), the strict sandbox's per-call time, BFCL steps of

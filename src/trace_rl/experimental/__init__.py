@@ -1,7 +1,7 @@
 """Experimental methods and strategies: research variants of TRACE that the measurements so far do not show
-beating the stable methods on the LM task (lab/notes/2026-12-04-allocator-verdict.md). They stay selectable by name (`method=trace_cost`), are
-listed by `trace-rl methods` as experimental, and are imported only when one is chosen or listed: the stable
-methods never load this package.
+beating the stable methods on the LM task (lab/notes/2026-12-04-allocator-verdict.md). They stay selectable by
+name (`method=trace_cost`), are listed by `trace-rl methods` as experimental, and are imported only when one is
+chosen or listed: the stable methods never load this package.
 
 - `strategies.py`: the root strategies `knapsack_repaired` and `active_<objective>` (root objectives weighted by
   what a group teaches, `root_objectives.py`), and the prefix strategies `cost` (stage 2 under a cost budget) and
