@@ -200,7 +200,7 @@ def test_eval_refuses_a_prompt_longer_than_the_model_before_generating(tmp_path,
 
 def test_rollout_hands_the_flip_prior_to_stage_2(sft_model, tmp_path, monkeypatch):
     """`rollout` builds stage 2's layer from predictor.flip_prior as `train` does (it once dropped the setting)."""
-    from trace_rl.predictors.flip import FlipPrior
+    from trace_rl.experimental.flip import FlipPrior
     from trace_rl.rollout import engine
 
     FlipPrior(tuple([0.0] * 10), 0.5, 0.25, continuations=(3,) * 8, flips=(1,) * 8).save(tmp_path / "prior.json")

@@ -19,7 +19,6 @@ CORE = {
     "tree",
     "paths",
     "allocation",
-    "root_objectives",
     "advantages",
     "metrics",
     "methods",
@@ -65,7 +64,8 @@ HOLDS = {
     "strict JSON); numpy only",
     "plots": "PNG plots of metrics (matplotlib)",
     "experimental": "the experimental methods and their strategies (research variants: `trace_cost`, `trace_mix`, the "
-    "`active_*` root objectives, ...), named by the core's registries and imported only when chosen",
+    "`active_*` root objectives, ...), named by the core's registries and imported only when chosen; the root "
+    "objectives; the calibration layers of the success predictor (flip, root) on their aged logistic layer",
     "lm": "tokenizers and offline models (tiny CPU default, SmolLM2-135M, MiniLM); the warm-start cache; "
     "the KV-cache keyword",
     "backends": "token-in/token-out protocol; scripted, Hugging Face, vLLM, OpenAI-compatible server",

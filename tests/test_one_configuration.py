@@ -14,12 +14,12 @@ import yaml
 
 from trace_rl.config import load_config
 from trace_rl.errors import ConfigError
+from trace_rl.experimental.flip import FlipCalibrator
+from trace_rl.experimental.root_calibration import RootCalibrator
 from trace_rl.integrations.trl.rollout import trace_config as trl_config
 from trace_rl.integrations.verl.budgets import TraceSettings
 from trace_rl.integrations.verl.predictor_state import layer_bytes, load_layer, shared_layers
 from trace_rl.methods import BudgetPlan
-from trace_rl.predictors.flip import FlipCalibrator
-from trace_rl.predictors.root_calibration import RootCalibrator
 from trace_rl.stack.env_config import upgrade_run_settings
 from trace_rl.testbed.simulate import SimulateConfig
 from trace_rl.trace_config import PredictorSettings, TraceConfig

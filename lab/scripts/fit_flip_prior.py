@@ -4,7 +4,7 @@
 
 A RUN is a run's predictions.jsonl, a run directory holding one, or a run archive of `lab/scripts/archive_runs.sh`
 (method--pair.tar.gz); each method in a file is a run of its own. Every chosen anchor of every step (a record
-with continuations) is pooled and fitted once by the layer's own MAP fit (`predictors.flip.fit_flip_prior`: no
+with continuations) is pooled and fitted once by the layer's own MAP fit (`experimental.flip.fit_flip_prior`: no
 ageing, so a run's first steps count as much as its last). Printed: per cell, the continuations and flips the fit
 saw, the realised share, and the fitted prior's flip probability at the cell's anchors; and the spread of the
 runs' own fits around the pooled one (what a between-run sigma would be).
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trace_rl.experimental.flip import FlipCalibrator, fit_flip_prior
 from trace_rl.predictors.calibration import depth_names
-from trace_rl.predictors.flip import FlipCalibrator, fit_flip_prior
 
 SIGMA_CELL = 0.5  # the spread around the fitted offsets (logit scale); see the module docstring
 SIGMA_SLOPE = 0.25  # around the fitted slopes

@@ -22,7 +22,7 @@ import argparse
 import numpy as np
 from fit_flip_prior import pooled, read_runs  # lab/scripts/, on the path when the script runs
 
-from trace_rl.predictors.flip import FlipPrior, fit_flip_prior
+from trace_rl.experimental.flip import FlipPrior, fit_flip_prior
 
 SIGMA_SLOPE = 0.25  # the slopes' spread, as fit_flip_prior.py chose it
 

@@ -5,7 +5,7 @@
     python lab/scripts/replay_flip_layer.py --prior prior.json --runs-table docs/results/data/eval/trace--seed10?.tar.gz
 
 A run is a predictions.jsonl, a run directory or a run archive of `lab/scripts/archive_runs.sh` (each method in a file
-is a run of its own). Each step, the layer (`predictors.flip.FlipCalibrator`, the settings given, or with
+is a run of its own). Each step, the layer (`experimental.flip.FlipCalibrator`, the settings given, or with
 `--prior` the layer of that prior file, `predictor.flip_prior`) predicts the flip of every chosen anchor from what
 it saw before that step, then observes the step's chosen anchors, as the engine does. Printed per depth bin:
 continuations, the layer's predicted flip, q of V~ and the realised flip share, over the run, over steps 0 to
@@ -27,8 +27,8 @@ import argparse
 import numpy as np
 from fit_flip_prior import read_runs  # lab/scripts/, on the path when the script runs
 
+from trace_rl.experimental.flip import FlipCalibrator, FlipPrior
 from trace_rl.predictors.calibration import depth_names
-from trace_rl.predictors.flip import FlipCalibrator, FlipPrior
 
 
 def layer_of(args) -> FlipCalibrator:

@@ -3,7 +3,7 @@
     python lab/scripts/replay_root_layer.py RUN [RUN ...] [--sigma-a 0.5,1,2 --sigma-b 0.25,0.5 --half-lives 4,8,16]
 
 A RUN is a predictions.jsonl, a run directory or a run archive of `lab/scripts/archive_runs.sh` (each method in a file
-is a run of its own). Each step the layer (`predictors.root_calibration.RootCalibrator`) predicts every root's
+is a run of its own). Each step the layer (`experimental.root_calibration.RootCalibrator`) predicts every root's
 bare success rate from what it saw before that step, then observes the step's roots, as the engine does. Printed
 per setting, pooled over runs: the log loss per bare rollout (V~ itself beside it), predicted against realised
 success over all roots and over the roots whose V~ lies in 0.3-0.7 (where the root allocator's objective is
@@ -21,7 +21,7 @@ from collections import defaultdict
 import numpy as np
 from fit_flip_prior import named_prediction_lines  # lab/scripts/, on the path when the script runs
 
-from trace_rl.predictors.root_calibration import RootCalibrator
+from trace_rl.experimental.root_calibration import RootCalibrator
 
 
 def read_roots(paths: list[str]) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:

@@ -75,7 +75,7 @@ def run_values(ckpt: Path, tasks: list[dict]) -> dict[str, np.ndarray]:
     out = {"V~ raw": raw}
     state = json.loads((ckpt / "trainer_state.json").read_text()).get("root_model")
     if state:
-        from trace_rl.predictors.root_calibration import RootCalibrator
+        from trace_rl.experimental.root_calibration import RootCalibrator
 
         layer = RootCalibrator(**{k: state["settings"][k] for k in ("sigma_a", "sigma_b", "half_life")})
         layer.load_state_dict(state)

@@ -46,7 +46,7 @@ from .registry import (
 
 PREFIX_SHARE = 0.5  # share of prefix examples in a predictor batch (paper: about 6%; docs/predictors.md)
 PREDICTOR_RENAMED = {"light_text": "light"}  # a predictor.kind used before, refused with the name to set
-CALIBRATION_MODES = ("raw", "calibrated")  # predictor.flip_model and root_model (predictors.flip, root_calibration)
+CALIBRATION_MODES = ("raw", "calibrated")  # predictor.flip_model and root_model (experimental.flip, root_calibration)
 # keys named otherwise before one concept had one name across commands, in any reader (command line, simulate,
 # verl, TRL): refused in one line naming the new key, so a config written for them never silently changes meaning
 RENAMED = {"update.weighting": "weighting", "predictor.critic_lr": "predictor.lr", "samples": "eval_samples"}
@@ -372,9 +372,9 @@ class PredictorSettings:
     """Which V~ scores roots and prefixes, how it learns, and the calibration layers around it: the share of
     prefixes among its training examples, its learning rate (None: the predictor's own default: 0.3 for `light`,
     `predictors.build.CRITIC_LR` for an LM critic, 0.2 for the testbed's logistic; `history` learns no weights and
-    reads none), stage 2's flip model (raw: q from V~; calibrated: `predictors.flip`, around `flip_prior`, a prior
+    reads none), stage 2's flip model (raw: q from V~; calibrated: `experimental.flip`, around `flip_prior`, a prior
     file, or "" for q/2) and the root model (raw: TRACE's root allocator reads V~; calibrated:
-    `predictors.root_calibration`). Whether a prior file reads is checked where the layer is built."""
+    `experimental.root_calibration`). Whether a prior file reads is checked where the layer is built."""
 
     kind: str = "light"  # light (hashed n-grams + logistic) | history (reward history) | an LM critic (CLI)
     prefix_share: float = PREFIX_SHARE  # share of prefix examples in a predictor batch
@@ -406,13 +406,13 @@ class PredictorGroup:
     prefix_share: float = PredictorSettings.prefix_share  # share of prefix examples in a predictor batch
     lr: Optional[float] = PredictorSettings.lr  # the predictor's learning rate; unset: its own default
     # raw: q = r(1 - V~) + (1 - r)V~; calibrated: a layer fitted online on the flips continuations realised, per
-    # bare outcome and depth (predictors/flip.py)
+    # bare outcome and depth (experimental/flip.py)
     flip_model: str = PredictorSettings.flip_model  # stage 2's flip probability: raw (from V~) | calibrated (fitted)
     # the calibrated layer's prior: "" is q/2 (task-agnostic); a JSON file of lab/scripts/fit_flip_prior.py is a fit on
     # earlier runs' flips, which carries the first steps (lab/notes/2026-12-02-flip-prior.md)
     flip_prior: str = PredictorSettings.flip_prior  # a flip prior file (lab/scripts/fit_flip_prior.py), calibrated only
     # raw: TRACE's root allocator reads V~; calibrated: V~ through a logistic layer fitted online on the roots' bare
-    # outcomes (predictors/root_calibration.py)
+    # outcomes (experimental/root_calibration.py)
     root_model: str = PredictorSettings.root_model  # raw | calibrated
 
     def __post_init__(self):

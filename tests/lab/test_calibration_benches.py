@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_rl.predictors.flip import FlipPrior, fit_flip_prior
-from trace_rl.predictors.root_calibration import RootCalibrator
+from trace_rl.experimental.flip import FlipPrior, fit_flip_prior
+from trace_rl.experimental.root_calibration import RootCalibrator
 
 BENCH = Path(__file__).resolve().parents[2] / "lab" / "scripts"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_rl.predictors.flip import FlipPrior, fit_flip_prior
+from trace_rl.experimental.flip import FlipPrior, fit_flip_prior
 
 BENCH = Path(__file__).resolve().parents[2] / "lab" / "scripts"
 

@@ -83,8 +83,8 @@ def test_the_study_runs_on_a_checkpoint_and_an_eval_of_16_samples(tmp_path, caps
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from trace_rl.envs.registry import get_env
+    from trace_rl.experimental.root_calibration import RootCalibrator
     from trace_rl.lm.models import create_tiny_model
-    from trace_rl.predictors.root_calibration import RootCalibrator
     from trace_rl.predictors.text import light_text_predictor
 
     ckpt = tmp_path / "global_step_1"

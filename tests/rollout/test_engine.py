@@ -14,12 +14,12 @@ from helpers_calc import scripted_calc  # noqa: E402
 from trace_rl.allocation import prefix_flip_prob, prefix_value  # noqa: E402
 from trace_rl.backends.base import SamplingParams, ScriptedBackend  # noqa: E402
 from trace_rl.envs.calculator import CalculatorEnv, make_task, make_tasks  # noqa: E402
+from trace_rl.experimental.flip import FlipCalibrator  # noqa: E402
+from trace_rl.experimental.root_calibration import RootCalibrator  # noqa: E402
 from trace_rl.lm.tokenizer import byte_tokenizer  # noqa: E402
 from trace_rl.methods import BudgetPlan, allocate_method_roots, get_method  # noqa: E402
 from trace_rl.metrics import tree_budget  # noqa: E402
-from trace_rl.predictors.flip import FlipCalibrator  # noqa: E402
 from trace_rl.predictors.history import RewardHistoryPredictor  # noqa: E402
-from trace_rl.predictors.root_calibration import RootCalibrator  # noqa: E402
 from trace_rl.predictors.text import light_text_predictor  # noqa: E402
 from trace_rl.rollout.engine import TreeRolloutEngine  # noqa: E402
 from trace_rl.rollout.lm_actor import LMActor  # noqa: E402

@@ -86,7 +86,7 @@ def test_two_steps_write_checkpoints_and_a_resume_reproduces_them(tmp_path):
 
 
 def test_a_flip_prior_file_reaches_stage_2s_layer(tmp_path):
-    from trace_rl.predictors.flip import FlipPrior
+    from trace_rl.experimental.flip import FlipPrior
 
     theta = tuple(-1.0 + 0.1 * i for i in range(10))
     FlipPrior(theta, 0.5, 0.25, continuations=(3,) * 8, flips=(1,) * 8).save(tmp_path / "prior.json")

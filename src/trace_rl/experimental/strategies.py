@@ -11,7 +11,7 @@ from ..allocation import allocate_prefixes_under_cost, quantise_costs
 from ..knapsack import allocate_knapsack_rl_repaired
 from ..methods import BudgetPlan
 from ..registry import PrefixStrategy, RootStrategy
-from ..root_objectives import allocate_roots_teach
+from .root_objectives import allocate_roots_teach
 
 
 def knapsack_repaired_roots(v: np.ndarray, budget: int, plan: BudgetPlan, seed: int = 0) -> np.ndarray:

@@ -12,7 +12,7 @@ of `diagnostics.node_records`: V~ as the allocator saw it (before the step's pre
   them are a biased set (and the leaf mean V^ the older `diagnostics` tables use is biased by them too).
   Anchors of one rollout share r, so a bin counts more samples than independent outcomes.
 - **Flips of the chosen prefixes**: the flip probability stage 2 allocated on (q = r(1 - V~) + (1 - r)V~, or
-  the calibrated layer's, `predictors.flip`, as the anchor's record says in flip_pred), averaged per
+  the calibrated layer's, `experimental.flip`, as the anchor's record says in flip_pred), averaged per
   continuation, against the share of continuations that ended unlike r, by depth. Beside them, per depth: `raw`,
   q from V~ alone (equal to the first with `predictor.flip_model=raw`); the mean allocated q of all anchors
   (what stage 2 chose from: the margin the arg-max bought); and `recal`, q from V~ with V~ replaced by the

@@ -7,7 +7,7 @@ freedom; at n = 10 and rho = 0.6 that is p = 0.067, where a normal approximation
 calibration error (10 equal-width bins, weighted by count) and the Brier score against V^.
 Chosen prefixes (anchors that got continuations) also carry their bare rollout's reward r, the number of
 continuations and how many flipped (ended unlike r): stage 2's flip probability for one continuation is
-1 - V~ after a success and V~ after a failure (or the calibrated layer's, `predictors.flip`, which the node
+1 - V~ after a success and V~ after a failure (or the calibrated layer's, `experimental.flip`, which the node
 records), so `flip_rows` sets the predicted flip rate of the chosen prefixes against the realised one, by
 depth. Stage 2 picks the prefixes whose predicted flip is highest, so a realised rate below the predicted one
 is partly selection (the winner's curse), not only miscalibration.

@@ -1,8 +1,8 @@
 """The one TRACE step, for every actor: candidate pool -> V~ of each root -> stage-1 root allocation -> bare
 rollouts -> stage-2 prefix allocation for each prompt as soon as its own bare rollouts end -> continuations
 from forked episodes -> recursive targets -> predictor update (and, with a `flip_model`, the update of stage 2's
-calibrated flip layer, `predictors.flip`, which stage 2 then reads its flip probability from instead of V~; with a
-`root_model`, TRACE's root allocator reads V~ through `predictors.root_calibration`'s layer, which the step's bare
+calibrated flip layer, `experimental.flip`, which stage 2 then reads its flip probability from instead of V~; with a
+`root_model`, TRACE's root allocator reads V~ through `experimental.root_calibration`'s layer, which the step's bare
 outcomes then update).
 
 The step is generic over how a turn is sampled. An `Actor` starts episodes, advances a group of them by one
@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..experimental.flip import FlipCalibrator, flip_observations, make_flip_model
+from ..experimental.root_calibration import RootCalibrator, make_root_model, root_observations
 from ..methods import METHODS, BudgetPlan, Method, allocate_method_roots
 from ..predictors.base import Predictor, training_examples
-from ..predictors.flip import FlipCalibrator, flip_observations, make_flip_model
-from ..predictors.root_calibration import RootCalibrator, make_root_model, root_observations
 from ..seeding import derive_rng, derive_seed
 from ..trace_config import PREFIX_SHARE, TraceConfig, check_prefix_share, method_spec
 from ..tree import BARE, RolloutTree, TurnNode

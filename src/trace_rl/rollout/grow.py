@@ -59,7 +59,7 @@ class Clock:
 
 
 class FlipModel(Protocol):
-    """What stage 2 can read its flip probability from instead of V~ alone (`predictors.flip.FlipCalibrator`)."""
+    """What stage 2 can read its flip probability from instead of V~ alone (`experimental.flip.FlipCalibrator`)."""
 
     def predict(self, reward, v, depth) -> np.ndarray:
         """P(one continuation flips its rollout's outcome), per anchor: bare reward, V~ and depth."""

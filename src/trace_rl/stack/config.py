@@ -31,9 +31,9 @@ from pathlib import Path
 from ..backends.base import SamplingParams
 from ..backends.vllm_weights import WEIGHT_SYNCS
 from ..errors import ConfigError
+from ..experimental.flip import make_flip_model
 from ..methods import BudgetPlan
 from ..predictors.build import CRITIC_EPOCHS, GP_ENCODERS
-from ..predictors.flip import make_flip_model
 from ..rollout.engine import check_executor
 from ..rollout.lm_actor import BATCHING
 from ..rollout.ray_executor import RayConfig

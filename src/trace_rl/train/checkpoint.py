@@ -409,8 +409,8 @@ class RunState:
     pools_digest: str = ""
     held_out_digest: str = ""
     before: dict | None = None  # the evaluation before training (accuracy and its standard errors)
-    flip_model: dict | None = None  # predictors.flip's state, with predictor.flip_model=calibrated
-    root_model: dict | None = None  # predictors.root_calibration's state, with predictor.root_model=calibrated
+    flip_model: dict | None = None  # experimental.flip's state, with predictor.flip_model=calibrated
+    root_model: dict | None = None  # experimental.root_calibration's state, with predictor.root_model=calibrated
 
     def to_json(self) -> dict:
         """The trainer_state.json document; `before` and the layers' states only when set (as files always held)."""

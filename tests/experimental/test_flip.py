@@ -1,4 +1,4 @@
-"""The calibrated flip layer (predictors/flip.py): its prior against a brute-force Beta world, its MAP fit against
+"""The calibrated flip layer (experimental/flip.py): its prior against a brute-force Beta world, its MAP fit against
 a grid search and its first-order conditions, the online update (ageing, dropping, a restored state refitting to
 the same numbers), the observations it reads off trees, the claim it is built on: where V~ cannot see the
 state, q from V~ over-predicts the flips of the prefixes an arg-max chooses, and the layer, fitted only on those
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from trace_rl.allocation import allocate_prefixes, prefix_flip_prob
-from trace_rl.predictors.flip import (
+from trace_rl.experimental.flip import (
     FlipCalibrator,
     FlipPrior,
     beta_flip_prior,
@@ -19,7 +19,7 @@ from trace_rl.predictors.flip import (
     flip_observations,
     make_flip_model,
 )
-from trace_rl.predictors.map_logistic import MAX_HALF_LIVES
+from trace_rl.experimental.map_logistic import MAX_HALF_LIVES
 from trace_rl.tree import BRANCH, RolloutTree
 
 

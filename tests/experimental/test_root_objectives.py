@@ -5,7 +5,7 @@ import pytest
 
 from trace_rl.advantages import EPS
 from trace_rl.allocation import root_value, spendable_root_budget, tie_order
-from trace_rl.root_objectives import TEACH_ALPHA, allocate_by_value, allocate_roots_teach, teach_value
+from trace_rl.experimental.root_objectives import TEACH_ALPHA, allocate_by_value, allocate_roots_teach, teach_value
 
 
 def outcomes(m):

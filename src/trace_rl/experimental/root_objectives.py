@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from .allocation import check_budget, check_probabilities, check_seed, spendable_root_budget, tie_order
+from ..allocation import check_budget, check_probabilities, check_seed, spendable_root_budget, tie_order
 
 # alpha of each named objective (methods pick them by name)
 TEACH_ALPHA = {"rows": 0.0, "grad": 0.5, "grad_unscaled": 1.0}

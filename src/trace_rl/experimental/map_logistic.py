@@ -1,6 +1,6 @@
 """The maximum-a-posteriori fit of a binomial logistic model under a Gaussian prior, with weighted rows, and the
-online layer around it that ages its rows by a half-life: what both calibration layers share (`predictors.flip`
-for stage 2's flip, `predictors.root_calibration` for V~ at the roots). numpy only.
+online layer around it that ages its rows by a half-life: what both calibration layers share (`experimental.flip`
+for stage 2's flip, `experimental.root_calibration` for V~ at the roots). numpy only.
 
     minimise  sum_j w_j (k_j log(1 + e^eta_j) - f_j eta_j) + 1/2 sum_i prec_i (theta_i - mean_i)^2,
     eta = offset + X theta

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from trace_rl.predictors.map_logistic import MAX_HALF_LIVES, expit, logit
-from trace_rl.predictors.root_calibration import (
+from trace_rl.experimental.map_logistic import MAX_HALF_LIVES, expit, logit
+from trace_rl.experimental.root_calibration import (
     RootCalibrator,
     make_root_model,
     root_observations,
