@@ -53,11 +53,13 @@ def fill(text: str, rendered: dict[str, str]) -> str:
     return BLOCK.sub(sub, text)
 
 
-def render(store: Path, names: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """({table: markdown}, {table: why it is missing}) for the named tables."""
+def render(store, names: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """({table: markdown}, {table: why it is missing}) for the named tables; `store` is the folder or its
+    `Stores` (each study read once for the tables and figures of one call)."""
     from ..results.published import TABLES, MissingRuns, Stores
 
-    stores, done, missing = Stores(store), {}, {}
+    stores = store if isinstance(store, Stores) else Stores(store)
+    done, missing = {}, {}
     for name in names:
         try:
             done[name] = TABLES[name](stores)
@@ -91,7 +93,10 @@ def run(cfg: ReportConfig, yaml_text: str = "") -> dict:
     unknown = [n for n in names if n not in TABLES]
     if unknown:
         raise ConfigError(f"tables: unknown {', '.join(unknown)}; choose from {', '.join(TABLES)}")
-    done, missing = render(Path(cfg.store), names)
+    from ..results.published import Stores
+
+    stores = Stores(Path(cfg.store))
+    done, missing = render(stores, names)
     for name, table in done.items():
         print(f"## {name}\n\n{table}\n")
     for name, why in missing.items():
@@ -104,14 +109,13 @@ def run(cfg: ReportConfig, yaml_text: str = "") -> dict:
                 if new != text:
                     doc.write_text(new)
                     print(f"updated {doc}")
-        _figures(Path(cfg.store), Path(cfg.figures))
+        _figures(stores, Path(cfg.figures))
     return {"tables": list(done), "missing": missing}
 
 
-def _figures(store: Path, folder: Path) -> None:
-    from ..results.figures import FIGURES, MissingRuns, Stores
+def _figures(stores, folder: Path) -> None:
+    from ..results.figures import FIGURES, MissingRuns
 
-    stores = Stores(store)
     for name, draw in FIGURES.items():
         try:
             print(f"wrote {draw(stores, folder)}")

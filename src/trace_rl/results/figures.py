@@ -12,19 +12,16 @@ from pathlib import Path
 
 from ..predictors.calibration import depth_names
 from ..testbed.report import plot_accuracy_vs_cost
-from .published import STUDIES, Arm, MissingRuns, Stores, flips_of
+from .published import Arm, MissingRuns, Stores, flips_of, testbed_runs
 
 __all__ = ["FIGURES", "MissingRuns", "Stores"]
 
 
 def testbed_accuracy(stores: Stores, folder: Path) -> Path:
     """Mean exact held-out accuracy against rollouts, one line per method, seed bands."""
-    methods = STUDIES["testbed_accuracy"].methods
-    by_method = {m: stores.runs(Arm("testbed_accuracy", m), evaluation_only=False) for m in methods}
-    seeds = sorted(set.intersection(*(set(r) for r in by_method.values())))
     path = Path(folder) / "testbed_accuracy_vs_rollouts.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    plot_accuracy_vs_cost([{m: by_method[m][s]["records"] for m in methods} for s in seeds], path)
+    plot_accuracy_vs_cost(testbed_runs(stores), path)
     return path
 
 

@@ -248,11 +248,16 @@ def _reach(v: dict | None, seeds: int, none: str) -> str:
     return text if v["reached"] == seeds else f"{text} ({v['reached']} of {seeds} seeds)"
 
 
-def testbed_accuracy(stores: Stores) -> str:
+def testbed_runs(stores: Stores) -> list[dict[str, list[dict]]]:
+    """The testbed study as `testbed.report` reads it: per seed every method holds, {method: its records}."""
     methods = STUDIES["testbed_accuracy"].methods
     by_method = {m: stores.runs(Arm("testbed_accuracy", m), evaluation_only=False) for m in methods}
     seeds = sorted(set.intersection(*(set(r) for r in by_method.values())))
-    runs = [{m: by_method[m][s]["records"] for m in methods} for s in seeds]
+    return [{m: by_method[m][s]["records"] for m in methods} for s in seeds]
+
+
+def testbed_accuracy(stores: Stores) -> str:
+    runs = testbed_runs(stores)
     rows = []
     for row in seed_statistics(runs, focus=FOCUS):
         recs = [run[row["method"]] for run in runs]
@@ -265,8 +270,8 @@ def testbed_accuracy(stores: Stores) -> str:
                 name,
                 f"{row['start_accuracy']['mean']:.3f} → {row['final_accuracy']['mean']:.3f}",
                 signed(row[f"{FOCUS}_minus"]) if f"{FOCUS}_minus" in row else "-",
-                _reach(row.get("rollouts_to_grpo_final"), len(seeds), "not reached"),
-                _reach(row.get("turns_to_grpo_final"), len(seeds), "-"),
+                _reach(row.get("rollouts_to_grpo_final"), len(runs), "not reached"),
+                _reach(row.get("turns_to_grpo_final"), len(runs), "-"),
                 f"{er:.3f}",
                 f"{1000 * groups / spent:.0f}",
             ]

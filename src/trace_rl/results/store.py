@@ -25,6 +25,7 @@ import math
 import re
 from pathlib import Path
 
+from ..rollout.records import read_metrics
 from ..safe_read import read_json, read_lines
 
 STORE_SUFFIX = ".jsonl.gz"
@@ -124,9 +125,7 @@ def compact_lm_run(run_dir: Path, method: str) -> dict:
 def compact_testbed_seed(seed_dir: Path) -> list[dict]:
     """One seed of a `simulate` study (every method's records) as store lines, one per method."""
     seed = int(seed_dir.name.removeprefix("seed"))
-    by_method: dict[str, list[dict]] = {}
-    for r in _jsonl(seed_dir / "metrics.jsonl"):
-        by_method.setdefault(r["method"], []).append(r)
+    by_method = read_metrics(seed_dir / "metrics.jsonl")  # bounded, checked, grouped by method (NaN: null again)
     return [
         {
             "kind": "testbed",
