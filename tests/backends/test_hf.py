@@ -42,6 +42,7 @@ def test_k_continuations_prefill_the_prefix_once_and_reuse_it(backend):
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     first = backend.generate([prefix] * 4, params, seed=1)
     assert first[0].prefix_tokens_computed == len(prefix)  # once, not 4 times
+    assert sum(g.prefix_tokens_computed for g in first) == len(prefix)  # a sum over rows is the call's prefill
     again = backend.generate([prefix] * 4, params, seed=1)
     assert again[0].prefix_tokens_computed == 0  # served from the prefix cache
     assert [g.token_ids for g in again] == [g.token_ids for g in first]  # one seed, one result

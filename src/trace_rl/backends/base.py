@@ -51,7 +51,9 @@ class Generation:
     logprobs: list[float]
     stop_reason: str  # "stop" (eos or a stop string) or "length"
     text: str = ""
-    prefix_tokens_computed: int = 0  # prompt tokens this call had to prefill (0 when fully cached)
+    # prompt tokens prefilled for this row (0 when fully cached); a backend that prefills a call's rows together
+    # (hf) counts the call's prefill on its first row, so the sum over a call's rows is what the call prefilled
+    prefix_tokens_computed: int = 0
 
 
 def row_seeds(n: int, seed: int | None, seeds: Sequence[int] | None) -> list[int]:

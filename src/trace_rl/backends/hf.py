@@ -288,9 +288,10 @@ class HFBackend(VersionedBackend):
             cache,
             [torch.cat([c, width0 + torch.arange(f, device=self.device)]) for c, f in zip(prompt_cols, fed)],
         )
+        # the call prefilled once for all its rows: counted on its first row, so a sum over rows is the call's
         return [
-            Generation(o, l, r, self.tokenizer.decode(o), prefix_tokens_computed=computed)
-            for o, l, r in zip(out_ids, out_lp, reason)
+            Generation(o, l, r, self.tokenizer.decode(o), prefix_tokens_computed=computed if i == 0 else 0)
+            for i, (o, l, r) in enumerate(zip(out_ids, out_lp, reason))
         ]
 
     def _encode_distinct(self, prompts: list[list[int]]):

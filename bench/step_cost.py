@@ -1,0 +1,431 @@
+"""What a TRACE step costs in wall-clock on a real engine, against GRPO and the peers at equal rollouts.
+
+    python bench/step_cost.py                                        # HF backend, shipped tiny model, calculator
+    .venv-vllm/bin/python bench/step_cost.py policy.backend=vllm     # vLLM's engine (its own environment)
+    python bench/step_cost.py policy.model=smollm2-135m env=math budget.prompts=4 budget.rollouts_per_prompt=4
+
+Every method grows trees from one frozen policy on the same candidate pools (any `trace-rl rollout` setting is
+accepted as key=value), `--steps` measured steps per seed after one discarded warm-up step (the engine's own
+warm-up stays out of the figures), methods in an order rotated per seed. Each step's caches are emptied first, as
+`train`'s learner does, so prefix-cache hits are the step's own. A step's wall clock is split into
+
+    generate   backend calls (the union of their intervals: the engine busy)
+    env        environment steps (wall during which any ran)
+    predictor  V~ of roots and anchors, and its update
+    allocate   stage 1 and stage 2
+    other      the rest: bookkeeping and the event loop between rounds
+
+which add up to the step: under round batching (the default) no two of them run at once; under eager batching
+environment steps of some prompts run during others' generation, and that overlap is reported and subtracted.
+Also counted: rounds (backend calls), tokens generated, prompt tokens served from the prefix cache, and the
+engine's busy share: the step's tokens per second of wall over the tokens per second of one backend call with as
+many rows and as many tokens (the best the engine does with this work, gaps and small batches removed).
+`--update` adds one policy update per method on its last step's trees (a copy of the model; the sampled policy
+stays frozen) and, on vLLM, one weight sync.
+
+The figure of interest is paired by seed: a method's step wall over GRPO's, against its generated tokens over
+GRPO's. A ratio of the two near 1 means the step costs what its tokens cost; above 1, the rounds leave the engine
+idle. A limit: generation is from the frozen start policy, so lengths are the start policy's; an update changes
+them, and with them every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import inspect
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PARTS = ("generate", "env", "predictor", "allocate", "other")
+DEFAULT_METHODS = ("grpo", "pcl", "trace", "trace_root_only", "trace_prefix_only", "trace_uniform")
+
+
+@dataclass
+class Call:
+    """One backend call: when it ran, its rows, their prompt tokens, those it prefilled, tokens generated."""
+
+    start: float
+    end: float
+    rows: int
+    prompt_tokens: int
+    computed_tokens: int
+    generated: int
+
+
+class RecordingBackend:
+    """A backend that passes every call to `inner` and records it (`calls`); everything else is `inner`'s."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        agen = getattr(inner, "agenerate", None)
+        self._keys = agen is not None and "keys" in inspect.signature(agen).parameters
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _record(self, prompts, gens, start: float) -> None:
+        self.calls.append(
+            Call(
+                start,
+                time.perf_counter(),
+                len(prompts),
+                sum(len(p) for p in prompts),
+                sum(g.prefix_tokens_computed for g in gens),
+                sum(len(g.token_ids) for g in gens),
+            )
+        )
+
+    def generate(self, prompts, params, seed=None, seeds=None):
+        start = time.perf_counter()
+        gens = self.inner.generate(prompts, params, seed, seeds)
+        self._record(prompts, gens, start)
+        return gens
+
+    async def agenerate(self, prompts, params, seeds=None, keys=None):
+        start = time.perf_counter()
+        extra = {"keys": keys} if self._keys and keys is not None else {}
+        gens = await self.inner.agenerate(prompts, params, seeds=seeds, **extra)
+        self._record(prompts, gens, start)
+        return gens
+
+
+def busy_seconds(calls: list[Call]) -> float:
+    """The union of the calls' intervals: seconds during which at least one call was in the engine."""
+    total, end = 0.0, float("-inf")
+    for c in sorted(calls, key=lambda c: c.start):
+        if c.end > end:
+            total += c.end - max(c.start, end)
+            end = c.end
+    return total
+
+
+@dataclass
+class StepCost:
+    """One measured step of one method: its wall split into PARTS (plus `overlap`, subtracted), and its work."""
+
+    method: str
+    seed: int
+    step: int
+    wall: float
+    parts: dict
+    overlap: float
+    rollouts: int
+    tokens: int
+    rounds: int
+    call_tokens: int  # tokens the recorded calls returned: the step's own count, if every call was seen
+    prompt_tokens: int
+    cached_tokens: int
+    update: float | None = None
+    reference_tps: float | None = None
+    stages: dict = field(default_factory=dict)  # first bare end and first/last stage-2 start, seconds into the step
+
+    @property
+    def busy_share(self) -> float | None:
+        """Achieved tokens/s over one batch's tokens/s (None without a reference call)."""
+        if not self.reference_tps or self.wall <= 0:
+            return None
+        return self.tokens / self.wall / self.reference_tps
+
+
+def split_step(result, calls: list[Call]) -> tuple[dict, float]:
+    """The step's wall (`result.time['total']`) as PARTS that add up to it, and the overlap subtracted: the engine's
+    own clock for env, predictor and allocate, the recorded calls for generate, `other` the remainder. Where the
+    parts sum past the wall (eager batching: environment steps during generation), `other` is 0 and the excess
+    is the overlap: generate + env + predictor + allocate + other - overlap == wall."""
+    t = result.time
+    parts = {
+        "generate": busy_seconds(calls),
+        "env": t["env"],
+        "predictor": t["predictor"],
+        "allocate": t["allocate"],
+    }
+    rest = t["total"] - sum(parts.values())
+    parts["other"] = max(rest, 0.0)
+    return parts, max(-rest, 0.0)
+
+
+def stage_times(result) -> dict:
+    """When the step's rounds turned: the first prompt's bare rollouts ending, the first and last stage 2 starting."""
+    out = {}
+    bare = [t for what, _, t in result.events if what == "bare_done"]
+    stage2 = [t for what, _, t in result.events if what == "stage2_start"]
+    if bare:
+        out["first_bare_done"] = min(bare)
+        out["last_bare_done"] = max(bare)
+    if stage2:
+        out["first_stage2"], out["last_stage2"] = min(stage2), max(stage2)
+    return out
+
+
+def step_cost(name: str, seed: int, step: int, result, calls: list[Call]) -> StepCost:
+    """The cost record of one grown step from its result and the backend calls it made."""
+    parts, overlap = split_step(result, calls)
+    prompt = sum(c.prompt_tokens for c in calls)
+    return StepCost(
+        method=name,
+        seed=seed,
+        step=step,
+        wall=result.time["total"],
+        parts=parts,
+        overlap=overlap,
+        rollouts=result.rollouts,
+        tokens=result.generated_tokens,
+        rounds=len(calls),
+        call_tokens=sum(c.generated for c in calls),
+        prompt_tokens=prompt,
+        cached_tokens=prompt - sum(c.computed_tokens for c in calls),
+        stages=stage_times(result),
+    )
+
+
+def reference_rate(backend, trees, rows: int, tokens: int, params) -> float:
+    """Tokens/s of one backend call (the better of two) with `rows` rows (the trees' root prompts, in turn) and
+    about as many tokens per row as the step generated per rollout: what the engine does when nothing waits."""
+    from trace_rl.backends.base import SamplingParams
+
+    roots = [t.root.token_ids for t in trees if t.root.children and t.root.token_ids]
+    if not roots or rows < 1 or tokens < 1:
+        return 0.0
+    prompts = [roots[i % len(roots)] for i in range(rows)]
+    per_row = max(1, round(tokens / rows))
+    ref = SamplingParams(params.temperature, params.top_p, per_row)
+    best = 0.0
+    for _ in range(2):  # the better of two: one call's figure moves with whatever else the machine did then
+        backend.clear_cache()
+        t0 = time.perf_counter()
+        gens = backend.generate(prompts, ref, seeds=list(range(rows)))
+        seconds = time.perf_counter() - t0
+        best = max(best, sum(len(g.token_ids) for g in gens) / seconds if seconds > 0 else 0.0)
+    return best
+
+
+class UpdateTimer:
+    """One policy update on a step's trees, on a copy of the start model with a fresh optimizer each time (the
+    sampled policy stays frozen); with `sync`, one weight sync of the copy into the backend is timed once."""
+
+    def __init__(self, model_name: str, trace_defaults: dict):
+        from trace_rl.lm.models import load_model
+        from trace_rl.train.update import UpdateConfig
+
+        self.model, _ = load_model(model_name)
+        self.start = copy.deepcopy(self.model.state_dict())
+        self.cfg, self.temperature = UpdateConfig(), trace_defaults.get("temperature", 1.0)
+
+    def time_update(self, trace, trees) -> float:
+        from trace_rl.advantages import batch_advantages
+        from trace_rl.train.update import make_optimizer, update_policy
+
+        active = [t for t in trees if t.root.children]
+        self.model.load_state_dict(self.start)
+        self.model.train()
+        optimizer = make_optimizer(self.model, self.cfg)
+        t0 = time.perf_counter()
+        update_policy(
+            self.model,
+            optimizer,
+            active,
+            batch_advantages(trace.advantage_name, active),
+            self.cfg,
+            temperature=self.temperature,
+            weighting=trace.weighting,
+        )
+        return time.perf_counter() - t0
+
+    def time_sync(self, backend) -> float:
+        t0 = time.perf_counter()
+        backend.update_weights(self.model.state_dict())
+        return time.perf_counter() - t0
+
+
+def grow_steps(stack, recorder, cfg, name: str, pools: list, seed: int, steps: int, warmup: int = 0):
+    """`steps` steps of method `name` on `pools` (the first `warmup` of them discarded); returns each measured
+    step's (StepResult, calls)."""
+    from trace_rl.stack.build import build_predictor
+    from trace_rl.trace_config import TraceConfig
+
+    trace = TraceConfig(name, budget=cfg.budget, predictor=cfg.predictor.settings())
+    engine = stack.engine(build_predictor(cfg.predictor, trace.method_spec, seed, []), trace)
+    out = []
+    for step in range(warmup + steps):
+        stack.backend.clear_cache()  # as train's learner does: a step's cache hits are its own
+        recorder.calls = []
+        result = engine.grow(pools[step], trace.method_spec, step)
+        if step >= warmup:
+            out.append((result, list(recorder.calls)))
+    return trace, out
+
+
+def measure(stack, recorder, cfg, methods, seeds, steps: int, updater=None, log=print) -> list[StepCost]:
+    """Every method on every seed's pools, methods rotated per seed; one discarded warm-up step first."""
+    from trace_rl.seeding import derive_seed
+
+    pool_size = cfg.budget.pool
+    warm = stack.spec.train(pool_size, derive_seed(10_000, "warm-up"))
+    t0 = time.perf_counter()
+    grow_steps(stack, recorder, cfg, "grpo", [warm], 0, 0, warmup=1)
+    log(f"warm-up step: {time.perf_counter() - t0:.1f} s (not counted)")
+    rows, runs, done, start = [], len(seeds) * len(methods), 0, time.perf_counter()
+    for k, seed in enumerate(seeds):
+        tasks = stack.spec.train(pool_size * steps, derive_seed(seed, "pools"))
+        pools = [tasks[i * pool_size : (i + 1) * pool_size] for i in range(steps)]
+        order = list(methods[k % len(methods) :]) + list(methods[: k % len(methods)])
+        for name in order:
+            trace, grown = grow_steps(stack, recorder, cfg, name, pools, seed, steps)
+            costs = [step_cost(name, seed, i, res, calls) for i, (res, calls) in enumerate(grown)]
+            last, _ = grown[-1]
+            costs[-1].reference_tps = reference_rate(
+                stack.backend, last.trees, last.rollouts, last.generated_tokens, stack.params
+            )
+            if updater is not None:
+                costs[-1].update = updater.time_update(trace, last.trees)
+            rows += costs
+            done += 1
+            wall = sum(c.wall for c in costs) / len(costs)
+            log(f"[{done}/{runs}] seed {seed} {name:<18} step {wall:6.2f} s  tokens {costs[-1].tokens:>7,}  "
+                f"({time.perf_counter() - start:.0f} s so far)")  # fmt: skip
+    return rows
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def summarize(rows: list[StepCost], base: str = "grpo") -> list[dict]:
+    """Per method: means over its steps, and the ratios to `base` paired by seed (each seed's mean step against
+    the base's on the same pools) with a 95% interval over seeds: wall, tokens, and wall over tokens."""
+    from trace_rl.stats import mean_ci
+
+    methods = list(dict.fromkeys(r.method for r in rows))
+    seeds = sorted({r.seed for r in rows})
+    by = {(m, s): [r for r in rows if r.method == m and r.seed == s] for m in methods for s in seeds}
+    table = []
+    for m in methods:
+        mine = [r for r in rows if r.method == m]
+        wall = _mean([r.wall for r in mine])
+        row = {
+            "method": m,
+            "wall": wall,
+            "tokens": _mean([r.tokens for r in mine]),
+            "rollouts": _mean([r.rollouts for r in mine]),
+            "rounds": _mean([r.rounds for r in mine]),
+            "cached": sum(r.cached_tokens for r in mine) / max(sum(r.prompt_tokens for r in mine), 1),
+            "parts": {p: _mean([r.parts[p] for r in mine]) / wall for p in PARTS},
+            "overlap": _mean([r.overlap for r in mine]) / wall,
+        }
+        busy = [r.busy_share for r in mine if r.busy_share is not None]
+        row["busy_share"] = _mean(busy) if busy else None
+        updates = [r.update for r in mine if r.update is not None]
+        row["update"] = _mean(updates) if updates else None
+        if base in methods and all(by[(m, s)] and by[(base, s)] for s in seeds):
+            ratios = {"wall_ratio": [], "token_ratio": [], "excess": []}
+            for s in seeds:
+                w = _mean([r.wall for r in by[(m, s)]]) / _mean([r.wall for r in by[(base, s)]])
+                t = _mean([r.tokens for r in by[(m, s)]]) / _mean([r.tokens for r in by[(base, s)]])
+                ratios["wall_ratio"].append(w), ratios["token_ratio"].append(t), ratios["excess"].append(w / t)
+            for key, xs in ratios.items():
+                row[key] = mean_ci(xs) if len(xs) > 1 else (xs[0], xs[0], xs[0])
+        table.append(row)
+    return table
+
+
+def format_table(table: list[dict], base: str = "grpo") -> str:
+    """The printed table: one line per method, the paired ratios to `base` with their intervals over seeds."""
+    head = (f"{'method':<18} {'step s':>7} {'tokens':>8} {'wall/' + base:>18} {'tokens/' + base:>9} "
+            f"{'(wall/tokens)/' + base:>24} {'rounds':>6} {'cached':>6} {'busy':>5}  "
+            f"{'gen/env/pred/alloc/other %':<26} {'update s':>8}")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for r in table:
+        ci = lambda k, r=r: f"{r[k][0]:.2f} [{r[k][1]:.2f},{r[k][2]:.2f}]" if k in r else "-"  # noqa: E731
+        parts = "/".join(f"{100 * r['parts'][p]:.0f}" for p in PARTS)
+        busy = f"{r['busy_share']:.2f}" if r["busy_share"] is not None else "-"
+        update = f"{r['update']:.2f}" if r["update"] is not None else "-"
+        tok = f"{r['token_ratio'][0]:.2f}" if "token_ratio" in r else "-"
+        lines.append(f"{r['method']:<18} {r['wall']:>7.2f} {r['tokens']:>8,.0f} {ci('wall_ratio'):>18} {tok:>9} "
+                     f"{ci('excess'):>24} {r['rounds']:>6.1f} {100 * r['cached']:>5.0f}% {busy:>5}  "
+                     f"{parts:<26} {update:>8}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def goal_line(table: list[dict], method: str = "trace", slack: float = 1.1) -> str:
+    """Whether `method`'s step costs no more than its tokens (wall ratio <= token ratio x slack)."""
+    row = next((r for r in table if r["method"] == method and "excess" in r), None)
+    if row is None:
+        return f"goal: {method} or grpo not measured"
+    mean, lo, hi = row["excess"]
+    verdict = "holds" if mean <= slack else "missed"
+    return (f"goal ({method} wall/grpo <= tokens/grpo x {slack}): {verdict}: wall/tokens ratio {mean:.2f} "
+            f"[{lo:.2f}, {hi:.2f}] over seeds")  # fmt: skip
+
+
+def parse(argv: list[str] | None):
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog="other arguments: trace-rl rollout's key=value settings"
+    )
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated methods (grpo first)")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds: pools and sampling")
+    ap.add_argument("--steps", type=int, default=2, help="measured steps per method and seed")
+    ap.add_argument("--update", action="store_true", help="time one policy update per method (and a weight sync)")
+    ap.add_argument("--json", default="", help="write every step's record and the table here")
+    args, settings = ap.parse_known_args(argv)
+    bad = [s for s in settings if "=" not in s or s.startswith("-")]
+    if bad:
+        ap.error(f"unknown argument {bad[0]!r}: options are --methods --seeds --steps --update --json, "
+                 "or key=value settings of trace-rl rollout")  # fmt: skip
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds: comma-separated integers, got {args.seeds!r}")
+    args.methods = [m for m in args.methods.split(",") if m]
+    if args.steps < 1:
+        ap.error(f"--steps must be >= 1, got {args.steps}")
+    return args, settings
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from trace_rl.commands.rollout import RolloutConfig
+    from trace_rl.config import load_config
+    from trace_rl.errors import ConfigError
+    from trace_rl.stack.build import build_env, build_stack
+    from trace_rl.trace_config import check_methods
+
+    args, settings = parse(argv)
+    try:
+        cfg, _ = load_config(RolloutConfig, settings + [f"methods=[{','.join(args.methods)}]"])
+        check_methods(args.methods, oracle=False)
+        spec = build_env(cfg.env)
+    except (ConfigError, ValueError) as err:
+        sys.exit(f"step_cost: {err}")
+    if cfg.policy.backend == "vllm":
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its per-request INFO lines would bury the progress
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB, on vLLM's CPU build (ignored on a GPU)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"step_cost: {cfg.policy.backend} backend, model {cfg.policy.model}, env {cfg.env.name}, {cfg.budget.total} "
+        f"rollouts a step from a pool of {cfg.budget.pool}, seeds {args.seeds}, {args.steps} steps")  # fmt: skip
+    stack = build_stack(cfg.policy, spec, cfg.engine, seed=cfg.seed, executor=cfg.executor, ray=cfg.ray)
+    recorder = RecordingBackend(stack.policy.backend)
+    stack.policy.backend = recorder
+    try:
+        updater = UpdateTimer(cfg.policy.model, {"temperature": cfg.policy.temperature}) if args.update else None
+        rows = measure(stack, recorder, cfg, args.methods, args.seeds, args.steps, updater, log)
+        sync = updater.time_sync(recorder.inner) if updater is not None and cfg.policy.backend == "vllm" else None
+    finally:
+        stack.close()
+    table = summarize(rows)
+    print(format_table(table))
+    print(goal_line(table))
+    if sync is not None:
+        print(f"one weight sync into the engine: {sync:.2f} s")
+    out = {"settings": settings, "args": {k: v for k, v in vars(args).items()}, "table": table, "sync": sync,
+           "steps": [asdict(r) for r in rows]}  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":  # vLLM's engine starts worker processes: nothing may run at import
+    main()
