@@ -4,8 +4,8 @@ namespaces are unavailable and the user opts in by name, by an audit hook inside
 strict (bubblewrap + a seccomp filter built with libseccomp, `envs.seccomp`) covers, for every call:
 - processes: a new PID namespace whose pid 1 is the snippet itself (no host process is visible, so none can
   be signalled or traced; killing it ends the namespace), a new session, and nothing left behind by a caller
-  killed at any instant: the launch chain (`_launch`) runs bwrap as the init of a PID namespace of its own
-  whose life hangs on the caller's by parent-death signals set before bwrap starts and checked against the
+  killed at any instant: the launch chain (`envs.sandbox_chain`) runs bwrap as the init of a PID namespace of
+  its own whose life hangs on the caller's by parent-death signals set before bwrap starts and checked against the
   caller's pid, and the kernel kills everything in a PID namespace whose init dies (bwrap's half-made sandbox
   included, which its own --die-with-parent covers only once set up); the snippet's watcher thread exits when
   the caller's pipe closes, on every path; and the next process's first call ends any sandbox process a dead
@@ -44,11 +44,12 @@ to that); the wall-clock time and CPU the snippet may use up to its limits; host
 that stays small and capped: tmpfs pages (up to TMPFS_MB) and inodes (TMPFS_INODES), pipe and socket
 buffers (NOFILE descriptors), kernel memory per thread, negative dentries (reclaimable) from lookups of
 missing names; reads of the allow-listed files. Where util-linux's unshare and setpriv are missing or user
-namespaces do not nest (`own_tmpfs()` False), bwrap runs directly: its /tmp is capped in bytes only (files
-and folders then hold kernel memory up to the wall clock: 348,562 empty files took 434 MiB of slab in 4 s
-here), and its --die-with-parent, set by bwrap itself once it runs, is lost when the caller dies in its first
-milliseconds: the snippet's watcher still ends the snippet, but bwrap's half-made sandbox can stay, holding
-no snippet, until the next process's first call ends it; a hostile snippet could disable its watcher.
+namespaces do not nest (`own_tmpfs()` False), bwrap runs directly under a warden process
+(`envs.sandbox_warden`): bwrap caps its /tmp in bytes only, so the warden reads the snippet's /tmp from outside
+every 5 ms and stops the snippet past TMPFS_INODES files and folders (a cap checked, not refused: it may overshoot
+by one poll's worth, a few hundred empty files here, where 343,548 took 425 MiB of slab in 4 s without it); its
+parent-death signal is set before bwrap starts and, as a child subreaper, it ends bwrap's half-made sandbox when
+a caller dies in bwrap's first milliseconds (bwrap's own --die-with-parent comes too late for that).
 When the caller is root, the uid inside maps to root outside: files of the allow-list that only root may read
 are readable, and without a delegated pids cgroup the number of threads is bounded only by RLIMIT_AS (their
 stacks) and the wall clock; /proc and /sys are left out because root-owned entries there (sysctls) would be
@@ -77,8 +78,9 @@ import textwrap
 import time
 import warnings
 
-from . import seccomp
+from . import sandbox_warden, seccomp
 from .sandbox_cgroup import CallCgroup
+from .sandbox_chain import launch
 from .sandbox_host import (
     ENV,
     FSIZE_MB,
@@ -247,7 +249,7 @@ def _strict_command(
     code_file: str, fds: tuple[int, int | None, int], timeout_s: float, memory_mb: int, own_tmp: str | None
 ) -> list[str]:
     """bwrap's command; `fds` are the seccomp program's, bwrap's --info-fd (None: not asked for) and the
-    caller's alive pipe's read end; /tmp is `own_tmp` (a tmpfs the launcher mounts there, see `_launch`) or,
+    caller's alive pipe's read end; /tmp is `own_tmp` (a tmpfs the launch chain mounts there, `envs.sandbox_chain`) or,
     without one, bwrap's own tmpfs (size-capped, but with the kernel's default inode limit: half the machine's
     pages)."""
     seccomp_fd, info_fd, alive_fd = fds
@@ -284,42 +286,12 @@ def _strict_command(
     ]
 
 
-# The launch chain, where util-linux's unshare and setpriv are installed and user namespaces nest. setpriv sets
-# the parent-death signal, so the chain's top dies with the caller; unshare makes a user and mount namespace of
-# its own (root inside, mapped to the caller) and a PID namespace, and forks the rest into it with a parent-death
-# signal of its own (--kill-child); the rest is the namespace's init (a shell, then bwrap by exec), and when the
-# init of a PID namespace dies the kernel kills every process in it, nested namespaces included: so bwrap's
-# child, still setting up the sandbox before its own --die-with-parent (the window a killed caller used to
-# leave open), and the snippet go with it, whoever dies first. The shell then checks, from the host's /proc,
-# that its parent's parent is still the caller (a caller or unshare gone before the signals were set would
-# otherwise leave the chain running), writes its host pid on the info pipe (the caller ends the call by
-# killing it), mounts /tmp's tmpfs with a size and an inode limit (bwrap can set the former only) and execs bwrap.
-_LAUNCH_SH = (
-    'f() { set -- ${1##*) }; r=$2; }; read -r s < /proc/self/stat || exit 97; me=${s%% *}; f "$s"; '
-    'read -r s < "/proc/$r/stat" || exit 97; f "$s"; [ "$r" = "$1" ] || exit 97; '
-    'echo "$me" >&"$2" || exit 97; eval "exec $2>&-"; '
-    'mount -t tmpfs -o "$3" tmpfs "$4" || exit 97; shift 4; exec "$@"'
-)
-LAUNCHER_FAILED = 97  # the chain's own exit status: the caller was gone, or the tmpfs could not be mounted
-
-
-def _launch(cmd: list[str], own_tmp: str, info_fd: int) -> list[str]:
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
-    options = f"size={TMPFS_MB}m,nr_inodes={TMPFS_INODES},mode=0755,nosuid,nodev"
-    return [
-        *(setpriv, "--pdeathsig", "KILL", "--"),
-        *(unshare, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--kill-child=SIGKILL", "--"),
-        *("/bin/sh", "-c", _LAUNCH_SH, "sh", str(os.getpid()), str(info_fd), options, own_tmp),
-        *cmd,
-    ]
-
-
 @functools.cache
 def own_tmpfs() -> bool:
-    """Whether calls run through the launch chain above (an inode-capped /tmp and a parent-death signal that a
-    caller killed at any instant cannot lose); else bwrap runs directly: its --die-with-parent is set by bwrap
-    itself, after it starts, so a caller killed within its first milliseconds leaves it running, and its
-    /tmp is capped in bytes but not in inodes. Checked once per process by a trial run."""
+    """Whether calls run through the launch chain (`envs.sandbox_chain`: a kernel-capped /tmp, inodes included,
+    and a PID namespace that dies with the caller); else bwrap runs directly under the warden
+    (`envs.sandbox_warden`: /tmp's inodes checked from outside, bwrap's half-made sandbox ended when the caller
+    dies). Checked once per process by a trial run."""
     if not (shutil.which("unshare") and shutil.which("setpriv")):
         return False
     return _run_strict("print('ok')", 20.0, 256, 400, own=True).stdout.strip() == "ok"
@@ -434,8 +406,12 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int, ow
             os.close(seccomp_w)
             fds = (seccomp_r, None if own_tmp else info_w, alive_r)
             cmd = _strict_command(script, fds, timeout_s, memory_mb, own_tmp)
-            if own_tmp:
-                cmd = _launch(cmd, own_tmp, info_w)
+            # the chain mounts an inode-capped /tmp and ties bwrap to the caller; without it, the warden does both
+            cmd = (
+                launch(cmd, own_tmp, info_w, TMPFS_MB, TMPFS_INODES)
+                if own_tmp
+                else sandbox_warden.command(cmd, TMPFS_INODES)
+            )
             # what the call may hold in all: its address space, its tmpfs, and what the kernel keeps for it
             cgroup = CallCgroup.make(NPROC, (memory_mb + TMPFS_MB + KERNEL_MB) << 20)
             if cgroup is not None:
@@ -462,7 +438,7 @@ def _run_strict(code: str, timeout_s: float, memory_mb: int, max_output: int, ow
         def kill() -> None:
             # Through the launch chain, `child` is its PID namespace's init (bwrap): killing it makes the kernel
             # kill everything in the namespace, and unshare reaps it. Without the chain, `child` is the snippet,
-            # pid 1 of bwrap's namespace: killing it ends the namespace, and bwrap, still alive, reaps it.
+            # pid 1 of bwrap's namespace: killing it ends the namespace, bwrap reaps it and the warden then ends.
             # Killing bwrap or unshare first would leave a zombie for the host's init to reap (or not).
             try:
                 if proc.poll() is None and pidfd is not None:
