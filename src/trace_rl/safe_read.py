@@ -43,7 +43,8 @@ class Bound:
 # what one process can hold once parsed (Python's objects take several times the bytes they are read from):
 BOUNDS: dict[str, Bound] = {
     # `eval data=`, train's task files: a row is a question and its answers (kilobytes); a training set of
-    # millions of rows is a few GB. A larger one belongs in .parquet (read by pandas, not bounded here).
+    # millions of rows is a few GB. .parquet task files are bounded by `file` too, on disk and decompressed
+    # (`envs.data`).
     "tasks": Bound("a task row", 16 * MiB, 4 * GiB),
     # `env.qa.corpus=`, `serve-retriever corpus=`: a passage is ~100 words; wiki-18's 21 M passages are ~14 GB of
     # JSON lines, so a JSON-lines corpus has no file bound; a .json corpus (parsed whole) up to 1 GiB.
@@ -130,12 +131,13 @@ def read_json(path: str | Path, max_bytes: int = MAX_JSON_BYTES, strict: bool = 
     return loads(read_bytes(path, max_bytes), strict=strict)
 
 
-def read_lines(path: str | Path, kind: str) -> Iterator[tuple[int, str]]:
-    """(line number from 1, line without its newline) of a regular file of `kind` (a key of BOUNDS), blank lines
-    included. Never holds more than one line of at most the line bound (plus one byte) in memory: TooLarge as soon
-    as a line or the file passes its bound, BadFile for a line that is not UTF-8, NotRegularFile for a FIFO or a
-    device (opened non-blocking, so it cannot block the open), FileNotFoundError if absent. The bounds are read at
-    each call, so a test may lower them."""
+def read_raw_lines(path: str | Path, kind: str) -> Iterator[tuple[int, bytes]]:
+    """(line number from 1, line's bytes without its newline) of a regular file of `kind` (a key of BOUNDS), blank
+    lines included, undecoded (for a reader that tolerates a line torn mid-character, such as a run's own records
+    after a kill). Never holds more than one line of at most the line bound (plus one byte) in memory: TooLarge
+    as soon as a line or the file passes its bound, NotRegularFile for a FIFO or a device (opened non-blocking,
+    so it cannot block the open), FileNotFoundError if absent. The bounds are read at each call, so a test may
+    lower them."""
     bound = BOUNDS[kind]
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as fh:
@@ -153,8 +155,15 @@ def read_lines(path: str | Path, kind: str) -> Iterator[tuple[int, str]]:
                 raise TooLarge(f"{path}:{lineno}: a line over {_size(bound.line)}, the bound on {bound.what}")
             if bound.file is not None and total > bound.file:  # it grew while read
                 raise TooLarge(f"{path}: over the {_size(bound.file)} bound on such a file (by line {lineno})")
-            try:
-                line = body.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise BadFile(f"{path}:{lineno}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-            yield lineno, line
+            yield lineno, body
+
+
+def read_lines(path: str | Path, kind: str) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line without its newline) of a regular file of `kind` (a key of BOUNDS), blank lines
+    included: `read_raw_lines`, each line decoded, BadFile for a line that is not UTF-8."""
+    for lineno, body in read_raw_lines(path, kind):
+        try:
+            line = body.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise BadFile(f"{path}:{lineno}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        yield lineno, line

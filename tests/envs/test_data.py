@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 from helpers_data import shared_data_or_skip
@@ -34,6 +35,35 @@ def test_parquet_rows(tmp_path):
         path,
     )
     assert load_tasks(str(path))[0]["answer"] == "a"
+
+
+def test_parquet_task_files_are_bounded_on_disk_and_decompressed(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from trace_rl import safe_read
+    from trace_rl.errors import UserError
+
+    path = tmp_path / "rows.parquet"  # 20 rows of one 100 KB answer: stored once, compressed to almost nothing
+    rows = [{"question": f"q{i}", "answer": "7" * 100_000} for i in range(20)]
+    pq.write_table(pa.Table.from_pylist(rows), path, compression="zstd")
+    size = path.stat().st_size
+    assert size < 50_000
+    monkeypatch.setitem(safe_read.BOUNDS, "tasks", safe_read.Bound("a task row", 1 << 20, 4 * size))
+    with pytest.raises(UserError, match=r"rows.parquet: 100,\d\d\d bytes of rows once decompressed .*bound on a task"):
+        read_rows(path)  # a small file over the bound once decompressed, as its metadata declares
+    monkeypatch.setitem(safe_read.BOUNDS, "tasks", safe_read.Bound("a task row", 1 << 20, 500_000))
+    with pytest.raises(UserError, match=r"rows.parquet: over the 500,000-byte bound on a task file once decoded"):
+        read_rows(path)  # the answer, stored once in a dictionary, is 2 MB once decoded for each row
+    monkeypatch.setitem(safe_read.BOUNDS, "tasks", safe_read.Bound("a task row", 1 << 20, size - 1))
+    with pytest.raises(UserError, match=rf"rows.parquet: {size:,} bytes, over the {size - 1:,}-byte bound"):
+        read_rows(path)
+    monkeypatch.setitem(safe_read.BOUNDS, "tasks", safe_read.Bound("a task row", 1 << 20, 3 << 20))
+    assert len(read_rows(path)) == 20  # within the bound: read as before
+    fifo = tmp_path / "fifo.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="FIFO"):
+        read_rows(fifo)  # refused at once, never opened for reading
 
 
 def test_bad_files_name_file_and_line(tmp_path):

@@ -1,6 +1,7 @@
 """metrics.jsonl is strict JSON (jq reads it): a NaN or an infinity is written as null and read back as NaN; files
-written before, with bare NaN, still read; resume trimming drops a torn or garbage line with one warning, and the
-writer of a resumed run keeps the records of the steps before it."""
+written before, with bare NaN, still read; resume trimming drops a torn or garbage line with one warning, reads a
+line at a time within the records bounds (one line past them, the file left as it was), and the writer of a
+resumed run keeps the records of the steps before it."""
 
 import json
 import math
@@ -83,6 +84,27 @@ def test_trimming_refuses_a_fifo_instead_of_waiting_on_it(tmp_path):
     os.mkfifo(path)
     with pytest.raises(UserError, match="metrics.jsonl.*FIFO"):
         keep_records_before(path, 2)
+
+
+def test_trimming_reads_a_line_at_a_time_within_the_bounds_and_refuses_past_them(tmp_path, monkeypatch):
+    from trace_rl import safe_read
+
+    path = tmp_path / "metrics.jsonl"
+    big = '{"method": "trace", "step": 1, "pad": "' + "x" * 300 + '"}\n'
+    torn = '{"method": "trace", "step": 2, "note": "caf\u00e9"}\n'.encode()[:-4]  # cut inside a UTF-8 character
+    path.write_bytes(b'{"method": "trace", "step": 0}\n' + big.encode() + torn)
+    monkeypatch.setitem(safe_read.BOUNDS, "records", safe_read.Bound("a record", 400, 1000))
+    lines: list[str] = []
+    keep_records_before(path, 5, lines.append)  # within the bounds: a line torn mid-character is dropped, not fatal
+    assert [strict(line)["step"] for line in path.read_text().splitlines()] == [0, 1] and "dropped 1" in lines[0]
+    before = path.read_bytes()
+    monkeypatch.setitem(safe_read.BOUNDS, "records", safe_read.Bound("a record", 200, 1000))
+    with pytest.raises(UserError, match=r"cannot rewrite .*metrics.jsonl:2: a line over 200 bytes, the bound on a rec"):
+        keep_records_before(path, 5)
+    monkeypatch.setitem(safe_read.BOUNDS, "records", safe_read.Bound("a record", 400, 300))
+    with pytest.raises(UserError, match=r"over the 300 bytes bound on such a file"):
+        keep_records_before(path, 5)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 
 def test_a_tiny_run_logs_calibration_that_agrees_with_its_own_counts():

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError, MissingFileError
-from ..safe_read import BOUNDS, read_bytes, read_lines
+from ..safe_read import BOUNDS, TooLarge, check_regular, read_bytes, read_lines
 
 MATH_FILES = {
     "aime24": "math/eval/aime.json",
@@ -114,7 +114,9 @@ def read_rows(path: str | Path) -> list[dict]:
 
     Bounds (safe_read.BOUNDS["tasks"]): a line of JSON lines 16 MiB, the file 4 GiB; a .json file is parsed whole
     up to 1 GiB, and a larger one is read as JSON lines. Past a bound: one line naming the file, the line and the
-    bound. Parquet is read by pyarrow or pandas, unbounded here.
+    bound. Parquet (read by pyarrow, or pandas without it) within 4 GiB on disk and, with pyarrow, within 4 GiB
+    as its metadata declares the rows decompressed and as they are decoded, PARQUET_BATCH rows at a time (so
+    the bound may be passed by one batch before it is refused); no bound on a single parquet row.
     """
     path = Path(path)
     if not path.exists():
@@ -151,15 +153,62 @@ def read_rows(path: str | Path) -> list[dict]:
     return data
 
 
+def _parquet_within_bound(path: Path, pq) -> None:
+    """TooLarge for a parquet file over the task files' bound (BOUNDS["tasks"].file), in bytes on disk or, with
+    pyarrow, in the bytes its row groups declare once decompressed (a small file can decode to far more), checked
+    before any row is read; `_parquet_rows` then counts what it decodes. The bound is on the whole, not on each
+    row. ConfigError for a path that is not a regular file or a footer that cannot be read."""
+    bound = BOUNDS["tasks"].file
+    try:
+        check_regular(path)
+        size = path.stat().st_size
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it ({err})") from None
+    if bound is not None and size > bound:
+        raise TooLarge(f"{path}: {size:,} bytes, over the {bound:,}-byte bound on a task file")
+    if pq is None or bound is None:
+        return
+    try:
+        meta = pq.read_metadata(path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{path}: not a readable parquet file ({str(err).strip()[:120]})") from None
+    decoded = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if decoded > bound:
+        raise TooLarge(
+            f"{path}: {decoded:,} bytes of rows once decompressed (as its metadata declares), over the "
+            f"{bound:,}-byte bound on a task file"
+        )
+
+
+PARQUET_BATCH = 64  # rows decoded at a time: what the bound may be passed by before a batch is counted
+
+
+def _parquet_rows(path: Path, pq) -> list[dict]:
+    """The rows, decoded PARQUET_BATCH at a time, counting the decoded bytes (a value parquet stores once in a
+    dictionary counts once for each row that holds it): TooLarge past BOUNDS["tasks"].file."""
+    bound, total, rows = BOUNDS["tasks"].file, 0, []
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH):
+        total += batch.nbytes
+        if bound is not None and total > bound:
+            raise TooLarge(
+                f"{path}: over the {bound:,}-byte bound on a task file once decoded (by row {len(rows) + 1})"
+            )
+        rows += batch.to_pylist()
+    return rows
+
+
 def _read_parquet(path: Path) -> list[dict]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
         pq = None
+    _parquet_within_bound(path, pq)
     if pq is not None:
         try:
-            return pq.read_table(path).to_pylist()
+            return _parquet_rows(path, pq)
         except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError, ArrowIOError an OSError
+            if isinstance(err, TooLarge):
+                raise
             raise ConfigError(f"{path}: not a readable parquet file ({str(err).strip()[:120]})") from None
     try:
         import pandas as pd

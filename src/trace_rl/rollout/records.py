@@ -37,7 +37,7 @@ from ..errors import UserError
 from ..metrics import continuation_flips, contrast_groups, effective_ratio, mean_reward, tree_budget
 from ..predictors.calibration import step_calibration
 from ..predictors.diagnostics import node_records, spearman_rho, step_diagnostics
-from ..safe_read import NotRegularFile, check_regular, read_lines
+from ..safe_read import BadFile, read_lines, read_raw_lines
 from ..strict_json import dumps as finite_json  # strict JSON: NaN and infinities as null
 from .engine import StepResult
 
@@ -162,31 +162,36 @@ def keep_records_before(path: str | Path, step: int, warn: Callable[[str], None]
     """Rewrite a JSON-lines file of step records (metrics.jsonl, predictions.jsonl) keeping those of steps before
     `step`, for a resumed run that redoes the later ones. A line that is no record (one torn by a kill, garbage
     appended) is dropped with one line to `warn` naming the first; the file is replaced whole (write, rename),
-    so a kill here leaves the old file or the new one. UserError if `path` is not a regular file."""
+    so a kill here leaves the old file or the new one. Read line by line within safe_read.BOUNDS["records"] (a
+    line 16 MiB, the file 4 GiB): past them, or for a path that is not a regular file, one line (UserError) and
+    the file is left as it was."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    bad: list[int] = []
     try:
-        check_regular(path)
-        text = path.read_bytes().decode("utf-8", "replace")
-    except (NotRegularFile, OSError) as err:
+        with open(tmp, "w", encoding="utf-8") as out:  # kept records go straight out: one line in memory at a time
+            for lineno, raw in read_raw_lines(path, "records"):  # bounded: safe_read.BOUNDS["records"]
+                rec = _step_record(raw)
+                if rec is None and raw.strip():
+                    bad.append(lineno)
+                elif rec is not None and rec["step"] < step:
+                    out.write(finite_json(rec) + "\n")  # a record from before strict JSON is rewritten as strict JSON
+    except (BadFile, OSError) as err:  # past a bound, not a regular file (NotRegularFile), unreadable
+        tmp.unlink(missing_ok=True)
         raise UserError(f"out: cannot rewrite {path} on resume ({err})") from None
-    keep, bad = [], []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            rec_step = rec["step"]
-            if isinstance(rec_step, bool) or not isinstance(rec_step, int):
-                raise TypeError
-        except (ValueError, RecursionError, KeyError, TypeError):
-            bad.append(lineno)
-            continue
-        if rec_step < step:
-            keep.append(finite_json(rec))  # a record from before strict JSON is rewritten as strict JSON
     if bad and warn:
         warn(f"{path}: dropped {len(bad)} line(s) that are not records (first: line {bad[0]}), e.g. one torn by a kill")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(rec + "\n" for rec in keep), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _step_record(raw: bytes) -> dict | None:
+    """The record on a line (a JSON object with an integer `step`), or None for one that is not (torn by a kill:
+    cut mid-character or mid-object)."""
+    try:
+        rec = json.loads(raw.decode("utf-8", "replace"))
+        rec_step = rec["step"]
+    except (ValueError, RecursionError, KeyError, TypeError):
+        return None
+    return rec if isinstance(rec_step, int) and not isinstance(rec_step, bool) else None
