@@ -31,6 +31,7 @@ CORE = {
     "strict_json",
     "errors",
     "safe_read",
+    "setting_bounds",
 }
 # lower ranks first: a module imports only from lower ranks or from its own package
 RANK = {
@@ -61,7 +62,7 @@ HOLDS = {
     "advantage estimators, step metrics, paired statistics over seeds, named random streams, "
     "strict JSON for every file a run writes, the user-error types the command line shows as one line, reading "
     "files a user names or a damaged disk may have replaced (regular files only, every line and file bounded, "
-    "strict JSON); numpy only",
+    "strict JSON), the bounds every setting is held to (lengths, list sizes, counts, finite numbers, seeds); numpy only",
     "plots": "PNG plots of metrics (matplotlib)",
     "experimental": "the experimental methods and their strategies (research variants: `trace_cost`, `trace_mix`, the "
     "`active_*` root objectives, ...), named by the core's registries and imported only when chosen; the root "

@@ -24,7 +24,7 @@ Some checks are the loader's, for every command at once: each setting named `see
 (`seeding.check_seed`) before any config is built; an argument that is not valid UTF-8 is refused naming its
 key; a key a command sets itself for each of its runs (`SET_PER_RUN` on the config class, e.g. compare's
 `train.out`) is refused, not silently overridden, and is left out of --help. Bounds, on the command line and in a
---config file alike (`_check_values`): a value of at most MAX_VALUE_CHARS characters, a list of at most
+--config file alike (`setting_bounds.check_values`): a value of at most MAX_VALUE_CHARS characters, a list of at most
 MAX_LIST_ITEMS items, finite numbers only (a run writes its settings as strict JSON), the counts in COUNT_BOUNDS
 (by the setting's last name: `steps`, the budget's sizes, ...) within their bound, so a typo (steps=10**12) never
 starts a run that cannot end. `${...}` interpolation (`${oc.env:NAME}`) is refused wherever it appears: OmegaConf
@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import re
 import typing
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .seeding import check_seed
+from .setting_bounds import MAX_LIST_ITEMS, check_seeds, check_text, check_values
+from .setting_bounds import check_count as check_count  # re-exported: commands import it from here
 
 # old flag spellings whose last name is not the new key's
 _ABSENT = object()  # OmegaConf.select's default: tells a key set to null from a key not there
@@ -53,36 +53,6 @@ FLAG_ALIASES = {
     "minutes": "sft.max_minutes",
     "max_steps": "steps",
 }
-
-
-MAX_VALUE_CHARS = 65_536  # a path is at most 4,096 bytes (PATH_MAX); no setting's value comes near this
-MAX_LIST_ITEMS = 1_000  # seeds, methods, loggers, trees files...: each item is a run, a file or a name
-# Upper bounds on counts, by the setting's last name (every command's `steps`, the budget's sizes): far above any
-# real run, far below what would allocate terabytes or run for years. Lower bounds are the dataclasses' own checks.
-COUNT_BOUNDS = {
-    "steps": (1_000_000, "a million steps: years of training at a minute a step"),
-    "prompts": (100_000, "prompts per step"),
-    "rollouts_per_prompt": (10_000, "rollouts per prompt"),
-    "max_per_prompt": (10_000, "rollouts per prompt"),
-    "branch_factor": (1_000, "continuations per rollout"),
-    "pool_factor": (1_000, "candidate prompts per prompt"),
-    "eval_tasks": (1_000_000, "tasks per evaluation"),
-    "eval_samples": (10_000, "samples per task"),
-    "samples": (10_000, "samples per task"),
-    "workers": (1_024, "processes"),
-    "env_workers": (1_024, "threads"),
-    "epochs": (10_000, "passes over a step's data"),
-    "critic_epochs": (10_000, "passes over a step's data"),
-    "minibatches": (10_000, "minibatches per epoch"),
-}
-
-
-def check_count(key: str, value: int, most: int, low: int = 1, why: str = "") -> None:
-    """A count setting within low..most: the bound keeps a typo (1000000000000) from allocating terabytes or
-    running for days; `why` says what the upper bound stands for."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= most:
-        extra = f" ({why})" if why else ""
-        raise ConfigError(f"{key} must be an integer in {low:,}..{most:,}{extra}, got {value!r}")
 
 
 def _set_per_run(cls) -> dict[str, str]:
@@ -339,7 +309,7 @@ def _overrides(cls, argv: list[str], choices: dict[str, str] | None = None) -> t
             _moved(cls, key)
             _renamed(key, leaves)
             raise ConfigError(f"{key}: unknown setting; settings are {', '.join(sorted(leaves))}")
-        _check_text(key, value)
+        check_text(key, value)
         if _is_list(leaves[key]) and value.count(",") >= MAX_LIST_ITEMS:  # before YAML expands it (10,000 nodes)
             raise ConfigError(f"{key}: {value.count(',') + 1:,} items; a list setting holds at most {MAX_LIST_ITEMS:,}")
         if _is_list(leaves[key]) and not value.strip().startswith("["):
@@ -355,36 +325,6 @@ def _renamed(key: str, leaves, where: str = "") -> None:
 
     if key in RENAMED and RENAMED[key] in leaves:
         raise ConfigError(f"{key}: renamed; set {RENAMED[key]}{where}")
-
-
-def _check_text(key: str, value: str) -> None:
-    """A value as written (command line or --config file): bounded in length, and no `${...}` interpolation."""
-    if len(value) > MAX_VALUE_CHARS:
-        raise ConfigError(f"{key}: a value of {len(value):,} characters; a value is at most {MAX_VALUE_CHARS:,}")
-    if "${" in value:
-        raise ConfigError(
-            f"{key}: ${{...}} interpolation is not read (it would copy environment variables, secrets too, into the "
-            "run's config.yaml); write the value itself"
-        )
-
-
-def _check_values(node, prefix: str = "") -> None:
-    """Every value of the merged, unresolved settings within the loader's bounds (the module docstring)."""
-    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-    for key, value in items:
-        name = f"{prefix}{key}" if isinstance(node, dict) else prefix.rstrip(".")
-        if isinstance(value, (dict, list)):
-            if isinstance(value, list) and len(value) > MAX_LIST_ITEMS:
-                raise ConfigError(f"{name}: {len(value):,} items; a list setting holds at most {MAX_LIST_ITEMS:,}")
-            _check_values(value, f"{name}.")
-        elif isinstance(value, str):
-            _check_text(name, value)
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{name}: {value} is not a finite number (a run writes its settings as strict JSON)")
-        elif isinstance(value, int) and not isinstance(value, bool) and str(key) in COUNT_BOUNDS:
-            most, why = COUNT_BOUNDS[str(key)]
-            if value > most:
-                raise ConfigError(f"{name} must be at most {most:,} ({why}), got {value:,}")
 
 
 def _moved(cls, key: str) -> None:
@@ -499,8 +439,8 @@ def load_config(cls, argv: list[str]):
                     _renamed(key, _leaves(cls, choices), f" (in {config_file})")
             cfg = OmegaConf.merge(cfg, _upgraded(cls, loaded, choices))
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
-        _check_values(OmegaConf.to_container(cfg, resolve=False))  # before anything resolves an interpolation
-        _check_seeds(OmegaConf.to_container(cfg))
+        check_values(OmegaConf.to_container(cfg, resolve=False))  # before anything resolves an interpolation
+        check_seeds(OmegaConf.to_container(cfg))
         obj = OmegaConf.to_object(cfg)
     except (OmegaConfBaseException, yaml.YAMLError) as err:  # YAML: a value it cannot build (20,000 nodes, say)
         key = getattr(err, "full_key", None) or _failing_key(cls, dotlist, choices) or "config"
@@ -511,20 +451,6 @@ def load_config(cls, argv: list[str]):
     except (ValueError, TypeError) as err:
         raise ConfigError(_qualify(str(err), cls, choices)) from None
     return obj, OmegaConf.to_yaml(_in_order(OmegaConf.structured(obj), obj))
-
-
-def _check_seeds(node, prefix: str = "") -> None:
-    """Every setting named seed or seeds, in any group, through the one seed check (ConfigError naming it)."""
-    for key, value in node.items() if isinstance(node, dict) else ():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            _check_seeds(value, f"{name}.")
-        elif key in ("seed", "seeds"):
-            for seed in value if isinstance(value, list) else [value]:
-                try:
-                    check_seed(seed, name)
-                except ValueError as err:
-                    raise ConfigError(str(err)) from None
 
 
 def _failing_key(cls, dotlist: list[str], choices: dict[str, str] | None = None) -> str | None:
