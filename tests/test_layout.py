@@ -22,6 +22,7 @@ CORE = {
     "advantages",
     "metrics",
     "methods",
+    "method_table",
     "knapsack",
     "vip",
     "seeding",
