@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import functools
 import importlib
 import importlib.util
 import inspect
@@ -65,14 +64,14 @@ import pickle
 import re
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 from .base import cap_observation, parse_action, tool_failure
+from .bfcl_data import CATEGORIES, describe, load_bfcl, official_execution_list, tool_docs
+from .bfcl_data import bfcl_root as bfcl_root  # re-exported: callers import BFCL's names from here
 from .bounded import run_bounded
 from .registry import EnvPlugin, EnvSpec, sample_rows
 
 STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT; BFCLEnv() reads the installed value
-CATEGORIES = ("multi_turn_base", "multi_turn_long_context", "multi_turn_miss_func", "multi_turn_miss_param")
 TOOLS = ("call", "done")
 STEP_BUDGET = 5  # the calls of one step together may take this many times call_timeout_s
 CALL_MEMORY_MB = 1024  # memory a step's calls (and scoring) may add in their copy: mpmath at 4e9 digits took 2 GB
@@ -89,77 +88,6 @@ _STRINGS = re.compile(
 _NOT_BRACKETS = re.compile(r"[^()\[\]{}]+")
 _run_ids = itertools.count()
 _CHECKER = "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"
-
-
-def bfcl_root() -> Path:
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("BFCL needs the bfcl-eval package: pip install --no-deps bfcl-eval mpmath")
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _literal(value):
-    if isinstance(value, str) and value[:1] in "[{":
-        try:
-            return ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            return value
-    return value
-
-
-def load_bfcl(category: str = "multi_turn_base", limit: int | None = None) -> list[dict]:
-    """Entries with their ground truth under 'answer'; list-valued fields stored as strings are parsed."""
-    if category not in CATEGORIES:
-        raise ValueError(f"unknown BFCL category {category!r}; choose from {CATEGORIES}")
-    root = bfcl_root() / "data"
-    entries = [json.loads(l) for l in (root / f"BFCL_v4_{category}.json").read_text().splitlines() if l.strip()]
-    truth = {}
-    for line in (root / "possible_answer" / f"BFCL_v4_{category}.json").read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            truth[row["id"]] = row["ground_truth"]
-    out = []
-    for i, e in enumerate(entries[:limit]):
-        e = {k: _literal(v) for k, v in e.items()}
-        e.update(index=i, answer=truth[e["id"]], data_source=f"bfcl_{category}", category=category)
-        out.append(e)
-    return out
-
-
-def _docs(classes: list[str]) -> dict[str, dict]:
-    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
-
-    docs = {}
-    for cls in classes:
-        path = bfcl_root() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[cls]
-        for line in path.read_text().splitlines():
-            if line.strip():
-                d = json.loads(line)
-                docs[d["name"]] = d
-    return docs
-
-
-def describe(doc: dict) -> str:
-    props = doc.get("parameters", {}).get("properties", {})
-    req = set(doc.get("parameters", {}).get("required", []))
-    args = ", ".join(f"{k}: {v.get('type', '?')}{'' if k in req else '=optional'}" for k, v in props.items())
-    desc = doc.get("description", "").split("Tool description:")[-1].strip()
-    return f"{doc['name']}({args}): {desc[:160]}"
-
-
-@functools.cache
-def official_execution_list():
-    """bfcl-eval's decoded_output_to_execution_list: how its prompting decoder (default_decode_execute_prompting)
-    writes decoded calls back as the strings the runner executes and the checker scores. Its module imports
-    tree_sitter and more at import time (a --no-deps install lacks them), so the two pure formatting functions
-    are taken from the installed source and run as they are. The decoder's parsing half is not used here: it
-    `eval`s arithmetic and lambdas in arguments, which this environment refuses (arguments are literals)."""
-    path = bfcl_root() / "model_handler" / "utils.py"
-    wanted = {"decoded_output_to_execution_list", "parse_nested_value"}
-    nodes = [n for n in ast.parse(path.read_text()).body if getattr(n, "name", "") in wanted]
-    namespace: dict = {}
-    exec(compile(ast.Module(nodes, []), str(path), "exec"), namespace)  # noqa: S102 (the package's own code)
-    return namespace["decoded_output_to_execution_list"]
 
 
 def _call_one(owner, name: str, kwargs: dict) -> str:
@@ -288,7 +216,7 @@ class BFCLEnv:
             if cls not in STATELESS_CLASSES:
                 obj._load_scenario(copy.deepcopy(task["initial_config"].get(cls, {})), long_context=long_context)
             self.instances[cls] = obj
-        self.docs = _docs(task["involved_classes"])
+        self.docs = tool_docs(task["involved_classes"])
         missed = {n for names in task.get("missed_function", {}).values() for n in names}
         excluded = set(task.get("excluded_function", []))
         self.visible = {n for n in self.docs if n not in missed | excluded}
