@@ -63,7 +63,8 @@ HOLDS = {
     "advantage estimators, step metrics, paired statistics over seeds, named random streams, "
     "strict JSON for every file a run writes, the user-error types the command line shows as one line, reading "
     "files a user names or a damaged disk may have replaced (regular files only, every line and file bounded, "
-    "strict JSON), the bounds every setting is held to (lengths, list sizes, counts, finite numbers, seeds); numpy only",
+    "strict JSON), the bounds every setting is held to (lengths, list sizes, counts, finite numbers, seeds); "
+    "numpy only",
     "plots": "PNG plots of metrics (matplotlib)",
     "experimental": "the experimental methods and their strategies (research variants: `trace_cost`, `trace_mix`, the "
     "`active_*` root objectives, ...), named by the core's registries and imported only when chosen; the root "
@@ -364,3 +365,25 @@ def test_the_length_check_sees_a_long_function_and_a_long_method():
     assert _long_functions(fits) == []
     assert _long_functions(f"{fits}    y = 0\n", "m.py") == ["m.py:1 f (91 lines)"]
     assert _long_functions(method) == ["<source>:2 g (91 lines)"]
+
+
+MAX_FILE_LINES = 500  # a module longer than this holds more than one concept: split it, re-exporting its names
+
+
+def _long_files(paths: list[Path]) -> list[str]:
+    """`path (n lines)` for each file of `paths` longer than MAX_FILE_LINES."""
+    counts = {path: len(path.read_text().splitlines()) for path in paths}
+    return [f"{path.relative_to(SRC)} ({n} lines)" for path, n in counts.items() if n > MAX_FILE_LINES]
+
+
+def test_every_file_in_the_package_is_at_most_500_lines():
+    long = _long_files(sorted(SRC.rglob("*.py")))
+    assert not long, f"files over {MAX_FILE_LINES} lines: {long}"
+
+
+def test_the_file_length_check_sees_a_long_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    fits, long = tmp_path / "fits.py", tmp_path / "long.py"
+    fits.write_text("x = 0\n" * MAX_FILE_LINES)
+    long.write_text("x = 0\n" * (MAX_FILE_LINES + 1))
+    assert _long_files([fits, long]) == ["long.py (501 lines)"]
