@@ -15,21 +15,24 @@ imports the standard library only. It closes the two gaps that path had:
   holds more than MAX_INODES files and folders, saying so on stderr (the call's last error line).
 
 Limits, stated: the inode cap is checked from outside, not refused by the kernel: a snippet may overshoot it by
-what it makes within one poll (plus any time the warden waits for a CPU), and the snippet is stopped rather than
-given ENOSPC. The warden is one more process per call on this path (about 10 ms of start-up). A warden killed
-by SIGKILL (the caller's last resort after 5 s) cleans nothing up itself: bwrap's --die-with-parent, set long
-before, and the next process's sweep (`sandbox_host.sweep_stale`) do.
+what it makes within one poll (plus any time the warden waits for a CPU; 0-128 files over here, under load), and
+the snippet is stopped rather than given ENOSPC; on a kernel without pidfds (before Linux 5.3) the check is off,
+as the snippet could not be signalled without risking a reused pid. The warden is one more process per call on
+this path: about 20 ms of CPU a call here (Python's start, ctypes, the polls), and a few to tens of ms of wall
+time on a loaded machine. A warden killed by SIGKILL (the caller's last resort after 5 s) cleans nothing up
+itself: bwrap's --die-with-parent, set long before, and the next process's sweep (`sandbox_host.sweep_stale`) do.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
 import time
 
-POLL_S = 0.005  # how often /tmp's inodes are read: ~60 files a ms at most here, so a few hundred over the cap
+POLL_S = 0.005  # how often /tmp's inodes are read: ~90 files a ms at most here, so a few hundred over the cap
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 CALLER_GONE = 97  # the warden's exit status when the caller was gone before anything started
 
@@ -93,6 +96,13 @@ def end_all() -> None:
             return
 
 
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
 def _adopt(bwrap: int) -> tuple[int, int] | None:
     """bwrap's child (the snippet to be) and a pidfd on it, once bwrap has made it."""
     for pid in children(bwrap):
@@ -130,10 +140,16 @@ def watch(bwrap: int, launcher: bytes, max_inodes: int) -> int:
     """Poll bwrap (its command name `launcher`) until it ends, stopping its snippet past `max_inodes` in /tmp;
     bwrap's exit status."""
     snippet, running, stopped = None, False, False
+    ended = _pidfd(bwrap)  # readable once bwrap has exited: its end is seen at once, not at the next poll
     while True:
-        pid, status = os.waitpid(bwrap, os.WNOHANG)
-        if pid:
+        if ended is not None and select.select([ended], [], [], POLL_S)[0]:
+            status = os.waitpid(bwrap, 0)[1]
             break
+        if ended is None:  # a kernel without pidfds (before 5.3): bwrap's end is seen at the next poll
+            time.sleep(POLL_S)
+            pid, status = os.waitpid(bwrap, os.WNOHANG)
+            if pid:
+                break
         if snippet is None:
             snippet = _adopt(bwrap)
         elif not stopped:
@@ -143,7 +159,8 @@ def watch(bwrap: int, launcher: bytes, max_inodes: int) -> int:
             if used is not None and used > max_inodes:
                 stopped = True  # one kill, one message
                 _stop(snippet[1], max_inodes)
-        time.sleep(POLL_S)
+    if ended is not None:
+        os.close(ended)
     if snippet is not None:
         os.close(snippet[1])
     code = os.waitstatus_to_exitcode(status)
