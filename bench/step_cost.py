@@ -120,6 +120,7 @@ class StepCost:
     call_tokens: int  # tokens the recorded calls returned: the step's own count, if every call was seen
     prompt_tokens: int
     cached_tokens: int
+    batching: str = "round"
     update: float | None = None
     reference_tps: float | None = None
     stages: dict = field(default_factory=dict)  # first bare end and first/last stage-2 start, seconds into the step
@@ -260,8 +261,11 @@ def grow_steps(stack, recorder, cfg, name: str, pools: list, seed: int, steps: i
     return trace, out
 
 
-def measure(stack, recorder, cfg, methods, seeds, steps: int, updater=None, log=print) -> list[StepCost]:
-    """Every method on every seed's pools, methods rotated per seed; one discarded warm-up step first."""
+def measure(
+    stack, recorder, cfg, methods, seeds, steps: int, batchings=("round",), updater=None, log=print
+) -> list[StepCost]:
+    """Every method under every batching policy on every seed's pools, in an order rotated per seed; one discarded
+    warm-up step first."""
     from trace_rl.seeding import derive_seed
 
     pool_size = cfg.budget.pool
@@ -269,14 +273,17 @@ def measure(stack, recorder, cfg, methods, seeds, steps: int, updater=None, log=
     t0 = time.perf_counter()
     grow_steps(stack, recorder, cfg, "grpo", [warm], 0, 0, warmup=1)
     log(f"warm-up step: {time.perf_counter() - t0:.1f} s (not counted)")
-    rows, runs, done, start = [], len(seeds) * len(methods), 0, time.perf_counter()
+    runs = [(b, m) for b in batchings for m in methods]
+    rows, done, start = [], 0, time.perf_counter()
     for k, seed in enumerate(seeds):
         tasks = stack.spec.train(pool_size * steps, derive_seed(seed, "pools"))
         pools = [tasks[i * pool_size : (i + 1) * pool_size] for i in range(steps)]
-        order = list(methods[k % len(methods) :]) + list(methods[: k % len(methods)])
-        for name in order:
+        for batching, name in runs[k % len(runs) :] + runs[: k % len(runs)]:
+            stack.engine_config.batching = batching  # the next engine's actor batches this way
             trace, grown = grow_steps(stack, recorder, cfg, name, pools, seed, steps)
             costs = [step_cost(name, seed, i, res, calls) for i, (res, calls) in enumerate(grown)]
+            for c in costs:
+                c.batching = batching
             last, _ = grown[-1]
             costs[-1].reference_tps = reference_rate(
                 stack.backend, last.trees, last.rollouts, last.generated_tokens, stack.params
@@ -286,7 +293,8 @@ def measure(stack, recorder, cfg, methods, seeds, steps: int, updater=None, log=
             rows += costs
             done += 1
             wall = sum(c.wall for c in costs) / len(costs)
-            log(f"[{done}/{runs}] seed {seed} {name:<18} step {wall:6.2f} s  tokens {costs[-1].tokens:>7,}  "
+            log(f"[{done}/{len(runs) * len(seeds)}] seed {seed} {batching:<10} {name:<18} step {wall:6.2f} s  "
+                f"tokens {costs[-1].tokens:>7,}  "
                 f"({time.perf_counter() - start:.0f} s so far)")  # fmt: skip
     return rows
 
@@ -333,6 +341,27 @@ def summarize(rows: list[StepCost], base: str = "grpo") -> list[dict]:
     return table
 
 
+def across_batchings(rows: list[StepCost], base: str = "round") -> list[str]:
+    """For each other batching policy: each method's step wall over its own under `base`, paired by seed."""
+    from trace_rl.stats import mean_ci
+
+    lines = []
+    for batching in dict.fromkeys(r.batching for r in rows if r.batching != base):
+        parts = []
+        for m in dict.fromkeys(r.method for r in rows):
+            ratios = []
+            for seed in sorted({r.seed for r in rows}):
+                mine = [r.wall for r in rows if (r.method, r.seed, r.batching) == (m, seed, batching)]
+                ref = [r.wall for r in rows if (r.method, r.seed, r.batching) == (m, seed, base)]
+                if mine and ref:
+                    ratios.append(_mean(mine) / _mean(ref))
+            if ratios:
+                mean, lo, hi = mean_ci(ratios) if len(ratios) > 1 else (ratios[0],) * 3
+                parts.append(f"{m} {mean:.2f} [{lo:.2f}, {hi:.2f}]")
+        lines.append(f"step wall, {batching} over {base} (paired by seed): " + "; ".join(parts))
+    return lines
+
+
 def format_table(table: list[dict], base: str = "grpo") -> str:
     """The printed table: one line per method, the paired ratios to `base` with their intervals over seeds."""
     head = (f"{'method':<18} {'step s':>7} {'tokens':>8} {'wall/' + base:>18} {'tokens/' + base:>9} "
@@ -369,6 +398,8 @@ def parse(argv: list[str] | None):
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated methods (grpo first)")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds: pools and sampling")
     ap.add_argument("--steps", type=int, default=2, help="measured steps per method and seed")
+    ap.add_argument("--batchings", default="", help="comma-separated batching policies to compare (default: the "
+                    "setting engine.batching): round, eager, continuous (vllm, server)")  # fmt: skip
     ap.add_argument("--update", action="store_true", help="time one policy update per method (and a weight sync)")
     ap.add_argument("--json", default="", help="write every step's record and the table here")
     args, settings = ap.parse_known_args(argv)
@@ -397,6 +428,9 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         cfg, _ = load_config(RolloutConfig, settings + [f"methods=[{','.join(args.methods)}]"])
         check_methods(args.methods, oracle=False)
+        args.batchings = [b for b in args.batchings.split(",") if b] or [cfg.engine.batching]
+        for b in args.batchings:  # each as engine.batching would be checked, against this backend
+            load_config(RolloutConfig, settings + [f"engine.batching={b}"])
         spec = build_env(cfg.env)
     except (ConfigError, ValueError) as err:
         sys.exit(f"step_cost: {err}")
@@ -405,22 +439,26 @@ def main(argv: list[str] | None = None) -> dict:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB, on vLLM's CPU build (ignored on a GPU)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     log(f"step_cost: {cfg.policy.backend} backend, model {cfg.policy.model}, env {cfg.env.name}, {cfg.budget.total} "
-        f"rollouts a step from a pool of {cfg.budget.pool}, seeds {args.seeds}, {args.steps} steps")  # fmt: skip
+        f"rollouts a step from a pool of {cfg.budget.pool}, seeds {args.seeds}, {args.steps} steps, batching "
+        f"{','.join(args.batchings)}")  # fmt: skip
     stack = build_stack(cfg.policy, spec, cfg.engine, seed=cfg.seed, executor=cfg.executor, ray=cfg.ray)
     recorder = RecordingBackend(stack.policy.backend)
     stack.policy.backend = recorder
     try:
         updater = UpdateTimer(cfg.policy.model, {"temperature": cfg.policy.temperature}) if args.update else None
-        rows = measure(stack, recorder, cfg, args.methods, args.seeds, args.steps, updater, log)
+        rows = measure(stack, recorder, cfg, args.methods, args.seeds, args.steps, args.batchings, updater, log)
         sync = updater.time_sync(recorder.inner) if updater is not None and cfg.policy.backend == "vllm" else None
     finally:
         stack.close()
-    table = summarize(rows)
-    print(format_table(table))
-    print(goal_line(table))
+    tables = {}
+    for batching in args.batchings:
+        tables[batching] = table = summarize([r for r in rows if r.batching == batching])
+        print(f"\nbatching={batching}\n{format_table(table)}\n{goal_line(table)}")
+    for line in across_batchings(rows, args.batchings[0]):
+        print(line)
     if sync is not None:
         print(f"one weight sync into the engine: {sync:.2f} s")
-    out = {"settings": settings, "args": {k: v for k, v in vars(args).items()}, "table": table, "sync": sync,
+    out = {"settings": settings, "args": {k: v for k, v in vars(args).items()}, "tables": tables, "sync": sync,
            "steps": [asdict(r) for r in rows]}  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

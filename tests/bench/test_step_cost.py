@@ -63,7 +63,7 @@ def test_a_run_on_the_tiny_model_accounts_for_every_token_and_second(capsys):
         assert s["rounds"] >= 1 and 0 <= s["cached_tokens"] <= s["prompt_tokens"]
         assert s["rollouts"] <= 16 and s["reference_tps"] > 0
     grpo = {s["seed"]: s for s in steps if s["method"] == "grpo"}
-    trace = next(r for r in out["table"] if r["method"] == "trace")
+    trace = next(r for r in out["tables"]["round"] if r["method"] == "trace")
     expected = [s["tokens"] / grpo[s["seed"]]["tokens"] for s in steps if s["method"] == "trace"]
     assert trace["token_ratio"][0] == pytest.approx(sum(expected) / 2)
 
@@ -72,3 +72,13 @@ def test_a_bad_setting_is_one_line():
     with pytest.raises(SystemExit) as stop:
         step_cost.main(["--seeds", "0", "policy.backend=nope"])
     assert "policy.backend" in str(stop.value) and "\n" not in str(stop.value)
+    with pytest.raises(SystemExit) as stop:
+        step_cost.main(["--seeds", "0", "--batchings", "round,continuous"])  # the hf backend serves one call at a time
+    assert "engine.batching=continuous needs a backend that serves calls at once" in str(stop.value)
+
+
+def test_batching_policies_are_compared_method_by_method_and_seed_by_seed():
+    rows = [cost("grpo", 0, 2.0, 100), cost("grpo", 1, 4.0, 100), cost("grpo", 0, 1.0, 100), cost("grpo", 1, 3.0, 100)]
+    rows[2].batching = rows[3].batching = "continuous"
+    (line,) = step_cost.across_batchings(rows)
+    assert line.startswith("step wall, continuous over round") and "grpo 0.62 " in line  # (0.5 + 0.75) / 2

@@ -143,6 +143,8 @@ class ServerUnsupported(ValueError):
 
 
 class OpenAIServerBackend(VersionedBackend):
+    concurrent_calls = True  # calls may overlap: each row is its own request, the server batches them
+
     def __init__(
         self,
         base_url: str,

@@ -131,6 +131,8 @@ class _LoopThread:
 class VLLMBackend(VersionedBackend):
     """`PolicyBackend` on one or more vLLM `AsyncLLM` engines (`launch` builds one; tests pass fakes)."""
 
+    concurrent_calls = True  # calls may overlap: the engine's scheduler batches every row in flight
+
     def __init__(
         self,
         engines: Any,

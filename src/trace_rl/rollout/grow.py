@@ -27,13 +27,15 @@ TIMERS = ("generate", "env", "predictor", "allocate", "total")
 
 
 class Clock:
-    """Seconds per phase of one step. Environment steps may run in threads at once: `env` counts the wall time
-    during which at least one ran, not the sum over threads."""
+    """Seconds per phase of one step. Environment steps may run in threads at once, and generate calls at once
+    under continuous batching: a phase timed with `started`/`finished` counts the wall time during which at least
+    one ran, not the sum over threads or calls."""
 
     def __init__(self):
         self.seconds = dict.fromkeys(TIMERS, 0.0)
         self._lock = threading.Lock()
-        self._env_running, self._env_since = 0, 0.0
+        self._running = dict.fromkeys(TIMERS, 0)
+        self._since = dict.fromkeys(TIMERS, 0.0)
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
@@ -45,17 +47,23 @@ class Clock:
         self.__init__()
         self.seconds.update(state["seconds"])
 
-    def env_started(self) -> None:
+    def started(self, phase: str) -> None:
         with self._lock:
-            if not self._env_running:
-                self._env_since = time.perf_counter()
-            self._env_running += 1
+            if not self._running[phase]:
+                self._since[phase] = time.perf_counter()
+            self._running[phase] += 1
+
+    def finished(self, phase: str) -> None:
+        with self._lock:
+            self._running[phase] -= 1
+            if not self._running[phase]:
+                self.seconds[phase] += time.perf_counter() - self._since[phase]
+
+    def env_started(self) -> None:
+        self.started("env")
 
     def env_finished(self) -> None:
-        with self._lock:
-            self._env_running -= 1
-            if not self._env_running:
-                self.seconds["env"] += time.perf_counter() - self._env_since
+        self.finished("env")
 
 
 class FlipModel(Protocol):
@@ -256,6 +264,8 @@ async def lockstep(
     turns to `trees[j]` under `parents[j]`; returns the tokens generated. A step's prompt plays its own tree's
     episodes (`grow_prompt`); held-out evaluation plays a batch of episodes of many trees
     (`engine.TreeRolloutEngine.evaluate`). `on_done(j)` is called when episode j ends."""
+    if getattr(actor, "continuous", False):
+        return await _independent(actor, trees, episodes, parents, origin, snapshots, on_done)
     generated = 0
     while True:
         live = [j for j, ep in enumerate(episodes) if not ep.done]
@@ -273,3 +283,42 @@ async def lockstep(
                 snapshots[node.node_id] = actor.fork(ep, 0)  # the state to branch from later
             if on_done is not None and ep.done:
                 on_done(j)
+
+
+async def _independent(
+    actor: Actor,
+    trees: Sequence[RolloutTree],
+    episodes: list,
+    parents: list[str],
+    origin: str,
+    snapshots: dict | None,
+    on_done: Callable[[int], None] | None,
+) -> int:
+    """`lockstep` for an actor whose episodes advance independently (continuous batching): each episode asks for
+    its next turn as soon as its own environment step ends, so none waits for a round's slowest row. Its turns are
+    held back and appended once every episode has ended, in lockstep's order (round by round, episodes in index
+    order), so node ids and the trees' order are lockstep's, whatever order the turns came back in."""
+
+    async def play(j: int) -> list[tuple]:
+        ep, turns = episodes[j], []
+        while not ep.done:
+            (fields,) = await actor.advance([ep])
+            snap = actor.fork(ep, 0) if snapshots is not None and not ep.done else None  # the state to branch from
+            turns.append((fields, ep.done, float(ep.reward) if ep.done else None, snap))
+        if on_done is not None:
+            on_done(j)
+        return turns
+
+    played = await asyncio.gather(*(play(j) for j in range(len(episodes))))
+    generated = 0
+    for t in range(max((len(turns) for turns in played), default=0)):
+        for j, turns in enumerate(played):
+            if t >= len(turns):
+                continue
+            fields, terminal, reward, snap = turns[t]
+            generated += len(fields.get("logprobs", ()))
+            node = trees[j].add_turn(parents[j], origin=origin, terminal=terminal, reward=reward, **fields)
+            parents[j] = node.node_id
+            if snap is not None:
+                snapshots[node.node_id] = snap
+    return generated

@@ -13,6 +13,11 @@ serves many prompts with one backend call. Two batching policies:
   prompt in stage 2 never holds the others back. Rows carry their own seeds, so what a row samples does not
   depend on its batch; but batch shapes then vary with timing, and a backend whose fp32 logits depend on the
   batch shape in the last bits can, rarely, flip a token. Choose it for throughput with slow tools.
+- `continuous`: for a backend that serves calls at once and batches whatever is in flight (vLLM's engine, a
+  server: `concurrent_calls`), each episode's turn is its own call, sent as soon as its previous environment step
+  ends (`grow.lockstep` plays episodes independently), so no row waits for a round's longest row, and a prompt's
+  continuations start while other prompts' bare rollouts run. The trees are laid out as under the other
+  policies (turns appended in round order afterwards); the caveat of `eager` on batch shapes holds here too.
 
 Held-out evaluation and the SFT report use this actor through the engine's flat evaluation
 (`engine.TreeRolloutEngine.evaluate`), so an episode is sampled, stepped and stopped (the max-turns guard) by
@@ -23,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -34,7 +38,7 @@ from ..seeding import derive_seed
 from ..tree import RolloutTree
 from .engine import Clock
 
-BATCHING = ("round", "eager")
+BATCHING = ("round", "eager", "continuous")
 
 
 def turn_fields(turn: Turn, stop_reason: str) -> dict:
@@ -60,6 +64,7 @@ class _MicroBatcher:
         # branches reach the engine whose prefix cache holds its history
         self.takes_keys = "keys" in inspect.signature(getattr(backend, "agenerate", backend.generate)).parameters
         self.live, self.running, self.clock = 0, False, Clock()
+        self.tasks: set[asyncio.Task] = set()  # the loop holds tasks weakly: a call in flight is kept alive here
 
     def begin(self, prompts: int, clock: Clock) -> None:
         self.live, self.pending, self.running, self.clock = prompts, [], False, clock
@@ -75,6 +80,11 @@ class _MicroBatcher:
         return await fut
 
     def _kick(self) -> None:
+        if self.batching == "continuous":  # every request is its own call, now: the backend batches what is in flight
+            batch, self.pending = self.pending, []
+            for req in batch:
+                self._spawn([req])
+            return
         if self.running or not self.pending:
             return
         if self.batching == "round" and len(self.pending) < self.live:
@@ -84,13 +94,19 @@ class _MicroBatcher:
         # depend in the last bits on a row's position in the batch (CPU kernels block the rows differently), so
         # rows are laid out in an order fixed by the requests themselves: tree ids, then seeds, then the ids
         batch.sort(key=lambda req: (req[2], req[1], req[0]))
-        asyncio.ensure_future(self._serve(batch))
+        self._spawn(batch)
+
+    def _spawn(self, batch) -> None:
+        task = asyncio.ensure_future(self._serve(batch))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def _serve(self, batch) -> None:
         flat = [p for prompts, _, _, _ in batch for p in prompts]
         seeds = [s for _, row_seeds, _, _ in batch for s in row_seeds]
         extra = {"keys": [k for _, _, keys, _ in batch for k in keys]} if self.takes_keys else {}
-        t0 = time.perf_counter()
+        clock = self.clock  # calls may overlap (continuous): the clock counts the time any was in flight
+        clock.started("generate")
         try:
             agenerate = getattr(self.backend, "agenerate", None)
             if agenerate is not None:
@@ -102,13 +118,19 @@ class _MicroBatcher:
                 fut.set_exception(err)
             return
         finally:
-            self.clock.add("generate", time.perf_counter() - t0)
+            clock.finished("generate")
             self.running = False
         i = 0
         for prompts, _, _, fut in batch:
             fut.set_result(gens[i : i + len(prompts)])
             i += len(prompts)
         self._kick()
+
+
+CONTINUOUS_NEEDS = (
+    "batching=continuous needs a backend that serves calls at once (vllm, server); hf serves one call at a time: "
+    "use round or eager"
+)
 
 
 class LMActor:
@@ -124,6 +146,8 @@ class LMActor:
     ):
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
+        if batching == "continuous" and not getattr(backend, "concurrent_calls", False):
+            raise ValueError(CONTINUOUS_NEEDS)
         if env_workers < 1:
             raise ValueError(f"env_workers must be >= 1, got {env_workers}")
         self.backend, self.env_factory, self.params = backend, env_factory, params
@@ -131,6 +155,11 @@ class LMActor:
         self.batcher = _MicroBatcher(backend, params, batching)
         self.env_workers = env_workers
         self.clock = Clock()
+
+    @property
+    def continuous(self) -> bool:
+        """Episodes advance independently (`grow.lockstep`), each turn its own call (`continuous` batching)."""
+        return self.batcher.batching == "continuous"
 
     def begin_step(self, prompts: int, clock: Clock) -> None:
         self.clock = clock

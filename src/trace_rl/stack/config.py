@@ -35,7 +35,7 @@ from ..experimental.flip import make_flip_model
 from ..methods import BudgetPlan
 from ..predictors.build import CRITIC_EPOCHS, GP_ENCODERS
 from ..rollout.engine import check_executor
-from ..rollout.lm_actor import BATCHING
+from ..rollout.lm_actor import BATCHING, CONTINUOUS_NEEDS
 from ..rollout.ray_executor import RayConfig
 from ..seeding import check_seed  # noqa: F401 - the commands' configs import it from here
 from ..trace_config import PredictorGroup, check_predictor_kind
@@ -244,7 +244,9 @@ class LMPredictorConfig(PredictorGroup):
 class EngineConfig:
     """How the step's prompts share the model and the environment threads."""
 
-    batching: str = "round"  # round: reproducible batches | eager: no prompt waits for another's tool call
+    # round: reproducible batches | eager: no prompt waits for another's tool call | continuous: every episode's
+    # turn is its own call, nothing waits for a round (vllm, server)
+    batching: str = "round"
     env_workers: int = 8  # threads that run environment steps off the event loop
 
     def __post_init__(self):
@@ -271,3 +273,5 @@ class LMRunConfig:
     def __post_init__(self):
         # `train` runs one method, `rollout` several: a pooled stage 2 must be refused before any model loads
         check_executor(self.executor, methods=getattr(self, "methods", None) or [getattr(self, "method", "")])
+        if self.engine.batching == "continuous" and self.policy.backend == "hf":
+            raise ValueError(f"engine.{CONTINUOUS_NEEDS}")
