@@ -175,3 +175,19 @@ def test_256_seeded_requests_of_200_tokens_run_and_reproduce(served):
     assert len(gens) == 256 and all(g.token_ids for g in gens)
     again = backend.generate(prompts[::17], params, seeds=list(range(256))[::17])
     assert [g.token_ids for g in again] == [g.token_ids for g in gens[::17]]
+
+
+def test_continuous_batching_overlaps_calls_and_grows_round_batchings_trees(served):
+    """engine.batching=continuous on the real engine: every episode's turn is its own request, in flight at once;
+    each row carries its seed, so the trees hold round batching's tokens, node for node."""
+    backend, _, _ = served
+    plan = BudgetPlan(prompts=2, rollouts_per_prompt=4, branch_factor=1, pool_factor=2, max_per_prompt=4)
+    tasks = make_tasks(plan.pool, seed=2)
+    grown = {}
+    for batching in ("round", "continuous"):
+        backend.clear_cache()
+        actor = LMActor(backend, CalculatorEnv, SamplingParams(temperature=1.0, max_new_tokens=24), batching=batching)
+        res = TreeRolloutEngine(actor, light_text_predictor(seed=0), plan, seed=0).grow(tasks, get_method("trace"))
+        grown[batching] = [[(n.node_id, n.token_ids) for n in t.turns()] for t in res.trees]
+        assert res.generated_tokens > 0 and res.time["generate"] <= res.time["total"]
+    assert grown["continuous"] == grown["round"]
