@@ -3,7 +3,8 @@ kernel-memory floods in the strict sandbox with and without a memory cgroup (the
 sampled while they run), the POSIX timers and AIO contexts one call takes, callers killed at random moments
 (sandbox processes left running, counted by process tree), the strict sandbox's per-call time, BFCL steps of
 5,000 touch() calls as the episode's state grows, and a retriever server under slow-body connections.
-Run: PYTHONPATH=src python bench/bench_containment.py [sandbox|callers|bfcl|server ...]; to measure old code's callers
+Run: PYTHONPATH=src python bench/bench_containment.py [sandbox|callers|early|bfcl|server ...] (early: callers killed
+0-10 and 0-40 ms into a call on the direct path, bwrap's first milliseconds); to measure old code's callers
 with this counter, set BENCH_CALLER_SRC to the old checkout's src (`callers` alone)."""
 
 from __future__ import annotations
@@ -77,25 +78,30 @@ def flood(label: str, body: str) -> str:
     )
 
 
-def killed_callers(path: str, trials: int = 40) -> str:
-    """Callers SIGKILLed 0-120 ms into a call (after their warm-up); what each left, counted by process tree
-    (`stranded_processes`: sandbox processes handed to init, and everything below them), then ended."""
+def killed_callers(path: str, trials: int = 40, max_delay_s: float = 0.12) -> str:
+    """Callers SIGKILLed 0 to `max_delay_s` into a call (after their warm-up); what each left 0.5 s and 5 s on,
+    counted by process tree (`stranded_processes`: sandbox processes handed to init, and everything below them),
+    then ended."""
     from trace_rl.envs.sandbox_host import stranded_processes
 
     env = {**os.environ, "PYTHONPATH": os.environ.get("BENCH_CALLER_SRC", os.pathsep.join(sys.path))}
-    rng, hits = random.Random(0), []
+    rng, hits, passing = random.Random(0), [], []
     for _ in range(trials):
         with open("/proc/uptime") as fh:
             start = int(float(fh.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
         proc = subprocess.Popen([sys.executable, "-c", CALLER, path], stdout=subprocess.PIPE, env=env)
         proc.stdout.readline()
-        delay = rng.uniform(0, 0.12)
+        delay = rng.uniform(0, max_delay_s)
         time.sleep(delay)
         proc.kill()
         proc.wait()
         proc.stdout.close()
         time.sleep(0.5)
-        left = stranded_processes(start)
+        if stranded_processes(start):
+            passing.append(round(1000 * delay))
+        deadline = time.monotonic() + 5  # a process still starting (on a loaded machine) may end on its own
+        while (left := stranded_processes(start)) and time.monotonic() < deadline:
+            time.sleep(0.1)
         if left:
             hits.append(round(1000 * delay))
         for pid in left:
@@ -103,7 +109,17 @@ def killed_callers(path: str, trials: int = 40) -> str:
                 os.kill(pid, 9)
             except OSError:
                 pass
-    return f"{path}: {len(hits)} of {trials} killed callers left processes (killed at {sorted(hits)} ms)"
+    return (
+        f"{path}: {len(hits)} of {trials} killed callers left processes 5 s on (killed at {sorted(hits)} ms); "
+        f"{len(passing)} had some 0.5 s on (at {sorted(passing)} ms)"
+    )
+
+
+def bench_early() -> None:
+    """Callers killed in bwrap's first milliseconds on the direct path, where bwrap's own --die-with-parent comes
+    too late for its child (the window the warden, `envs.sandbox_warden`, closes)."""
+    for most in (0.01, 0.04):
+        print(f"callers SIGKILLed 0-{most * 1000:.0f} ms into a call,", killed_callers("direct", 30, most))
 
 
 def bench_sandbox() -> None:
@@ -198,4 +214,5 @@ def bench_server() -> None:
 if __name__ == "__main__":
     parts = sys.argv[1:] or ["sandbox", "bfcl", "server"]
     for part in parts:
-        {"sandbox": bench_sandbox, "callers": bench_callers, "bfcl": bench_bfcl, "server": bench_server}[part]()
+        parts = {"sandbox": bench_sandbox, "callers": bench_callers, "early": bench_early, "bfcl": bench_bfcl}
+        {**parts, "server": bench_server}[part]()
