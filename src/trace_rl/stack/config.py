@@ -244,9 +244,7 @@ class LMPredictorConfig(PredictorGroup):
 class EngineConfig:
     """How the step's prompts share the model and the environment threads."""
 
-    # round: reproducible batches | eager: no prompt waits for another's tool call | continuous: every episode's
-    # turn is its own call, nothing waits for a round (vllm, server)
-    batching: str = "round"
+    batching: str = "round"  # round: reproducible batches | eager: none waits for a tool call | continuous: vllm/server
     env_workers: int = 8  # threads that run environment steps off the event loop
 
     def __post_init__(self):
