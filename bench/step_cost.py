@@ -55,6 +55,7 @@ class Call:
     prompt_tokens: int
     computed_tokens: int
     generated: int
+    longest: int = 0  # the most tokens one row generated: the call's decode iterations
 
 
 class RecordingBackend:
@@ -77,6 +78,7 @@ class RecordingBackend:
                 sum(len(p) for p in prompts),
                 sum(g.prefix_tokens_computed for g in gens),
                 sum(len(g.token_ids) for g in gens),
+                max((len(g.token_ids) for g in gens), default=0),
             )
         )
 
@@ -124,6 +126,7 @@ class StepCost:
     update: float | None = None
     reference_tps: float | None = None
     stages: dict = field(default_factory=dict)  # first bare end and first/last stage-2 start, seconds into the step
+    calls: list = field(default_factory=list)  # (rows, decode iterations, seconds) of each backend call
 
     @property
     def busy_share(self) -> float | None:
@@ -131,6 +134,23 @@ class StepCost:
         if not self.reference_tps or self.wall <= 0:
             return None
         return self.tokens / self.wall / self.reference_tps
+
+
+def row_scaling(calls: list[tuple[int, int, float]], least_iterations: int = 4) -> tuple[float, int] | None:
+    """How a call's cost per decode iteration grows with its rows, as the exponent b of rows^b fitted by least
+    squares on logs over `calls`, (rows, decode iterations, seconds) each (those of at least `least_iterations`
+    iterations), and how many calls it rests on:
+    b = 1, each row costs its own (the engine is saturated); b = 0, a call costs the same whatever its rows (the
+    engine waits on something other than its rows: latency, launch overhead). None with fewer than 3 calls or a
+    single row count."""
+    import math
+
+    pts = [(math.log(r), math.log(sec / it)) for r, it, sec in calls if it >= least_iterations and sec > 0]
+    if len(pts) < 3 or len({x for x, _ in pts}) < 2:
+        return None
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return slope, len(pts)
 
 
 def split_step(result, calls: list[Call]) -> tuple[dict, float]:
@@ -181,6 +201,7 @@ def step_cost(name: str, seed: int, step: int, result, calls: list[Call]) -> Ste
         prompt_tokens=prompt,
         cached_tokens=prompt - sum(c.computed_tokens for c in calls),
         stages=stage_times(result),
+        calls=[(c.rows, c.longest, c.end - c.start) for c in calls],
     )
 
 
@@ -464,6 +485,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"\nbatching={batching}\n{format_table(table)}\n{goal_line(table)}")
     for line in across_batchings(rows, args.batchings[0]):
         print(line)
+    fit = row_scaling([c for r in rows if r.batching == "round" for c in r.calls])
+    if fit is not None:
+        print(f"the engine's cost per decode iteration grows as rows^{fit[0]:.2f} (round batching's {fit[1]} calls; "
+              "1: each row costs its own, 0: a call costs the same whatever its rows)")  # fmt: skip
     if sync is not None:
         print(f"one weight sync into the engine: {sync:.2f} s")
     out = {"settings": settings, "args": {k: v for k, v in vars(args).items()}, "tables": tables, "sync": sync,

@@ -82,3 +82,10 @@ def test_batching_policies_are_compared_method_by_method_and_seed_by_seed():
     rows[2].batching = rows[3].batching = "continuous"
     (line,) = step_cost.across_batchings(rows)
     assert line.startswith("step wall, continuous over round") and "grpo 0.62 " in line  # (0.5 + 0.75) / 2
+
+
+def test_row_scaling_recovers_the_exponent_of_the_calls_cost():
+    calls = [(rows, 10, 10 * 0.01 * rows**0.5) for rows in (1, 4, 16, 64)]
+    slope, used = step_cost.row_scaling(calls + [(8, 2, 99.0)])  # 2 iterations: too short to count
+    assert slope == pytest.approx(0.5) and used == 4
+    assert step_cost.row_scaling([(4, 10, 1.0), (4, 10, 2.0), (4, 10, 3.0)]) is None  # one row count: no slope
