@@ -60,6 +60,7 @@ def test_a_run_on_the_tiny_model_accounts_for_every_token_and_second(capsys):
     for s in steps:
         assert s["call_tokens"] == s["tokens"] > 0  # the recorder saw every call of the step
         assert sum(s["parts"].values()) - s["overlap"] == pytest.approx(s["wall"])
+        assert s["overlap"] <= 1e-3 * s["wall"]  # round batching: generation, env steps, predictor never overlap
         assert s["rounds"] >= 1 and 0 <= s["cached_tokens"] <= s["prompt_tokens"]
         assert s["rollouts"] <= 16 and s["reference_tps"] > 0
     grpo = {s["seed"]: s for s in steps if s["method"] == "grpo"}
@@ -75,6 +76,9 @@ def test_a_bad_setting_is_one_line():
     with pytest.raises(SystemExit) as stop:
         step_cost.main(["--seeds", "0", "--batchings", "round,continuous"])  # the hf backend serves one call at a time
     assert "engine.batching=continuous needs a backend that serves calls at once" in str(stop.value)
+    with pytest.raises(SystemExit) as stop:
+        step_cost.main(["--seeds", "0", "executor=ray"])
+    assert "executor: step_cost records the backend's calls in this process" in str(stop.value)
 
 
 def test_batching_policies_are_compared_method_by_method_and_seed_by_seed():

@@ -87,3 +87,54 @@ def test_a_backend_that_serves_one_call_at_a_time_is_refused():
     tok = byte_tokenizer()
     with pytest.raises(ValueError, match="batching=continuous needs a backend that serves calls at once"):
         LMActor(ScriptedBackend(tok, lambda text, i: "x"), CalculatorEnv, SamplingParams(), batching="continuous")
+
+
+def test_the_clock_counts_overlapping_calls_once():
+    from trace_rl.rollout.grow import Clock
+
+    clock, t = Clock(), [0.0]
+    import trace_rl.rollout.grow as grow
+
+    real = grow.time.perf_counter
+    grow.time.perf_counter = lambda: t[0]
+    try:
+        clock.started("generate")  # 0 .. 3
+        t[0] = 1.0
+        clock.started("generate")  # 1 .. 2, inside the first
+        t[0] = 2.0
+        clock.finished("generate")
+        t[0] = 3.0
+        clock.finished("generate")
+        t[0] = 5.0
+        clock.started("generate")  # 5 .. 6
+        t[0] = 6.0
+        clock.finished("generate")
+    finally:
+        grow.time.perf_counter = real
+    assert clock.seconds["generate"] == 4.0  # 3 + 1, not 3 + 1 + 1
+
+
+class FailingCalc(SeededCalc):
+    """The tenth call fails; the other episodes would go on sampling if nothing stopped them."""
+
+    async def agenerate(self, prompts, params, seeds=None):
+        self.started = getattr(self, "started", 0) + 1
+        if self.started == 10:
+            raise RuntimeError("the engine died")
+        return await super().agenerate(prompts, params, seeds)
+
+
+def test_a_failing_episode_stops_the_others():
+    backend = FailingCalc(byte_tokenizer())
+    actor = LMActor(backend, CalculatorEnv, SamplingParams(max_new_tokens=64), batching="continuous")
+    engine = TreeRolloutEngine(actor, RewardHistoryPredictor(), PLAN, seed=3)
+
+    async def caller():  # inside the caller's own loop: nothing but the engine would end stray episodes
+        with pytest.raises(RuntimeError, match="the engine died"):
+            await engine.agrow(make_tasks(PLAN.pool, seed=4, steps=(2, 3)), get_method("grpo"), step=1)
+        started = backend.started
+        await asyncio.sleep(0.05)  # calls already sent finish; no episode may send another
+        return started, [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    started, left = asyncio.run(caller())
+    assert left == [] and backend.started == started

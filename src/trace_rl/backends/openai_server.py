@@ -439,13 +439,18 @@ class OpenAIServerBackend(VersionedBackend):
     async def agenerate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None
     ) -> list[Generation]:
-        """Rows run in the backend's thread pool; the event loop only awaits them (with `generate`'s bounds)."""
-        futures = [asyncio.wrap_future(f) for f in self._futures(prompts, params, None, seeds)]
+        """Rows run in the backend's thread pool; the event loop only awaits them (with `generate`'s bounds). Calls
+        may overlap (continuous batching): rows still queued behind other calls' rows in the pool have sent nothing,
+        so a wait in which none of this call's rows has started is not a stall."""
+        raw = self._futures(prompts, params, None, seeds)
+        futures = [asyncio.wrap_future(f) for f in raw]
         pending = set(futures)
         while pending:
             done, pending = await asyncio.wait(
                 pending, timeout=watchdog_s(self.timeout), return_when=asyncio.FIRST_EXCEPTION
             )
+            if not done and not any(f.running() for f in raw):
+                continue  # queued, not sent: the rows ahead of them are bounded by their own calls
             self._settle(done, pending)
         return [f.result() for f in futures]
 

@@ -76,7 +76,14 @@ class LocalExecutor:
 
     async def run(self, ctx: StepContext, jobs: list[PromptJob]) -> list[PromptResult]:
         ctx.actor.begin_step(len(jobs), ctx.clock)
-        return list(await asyncio.gather(*(grow_prompt(ctx, job) for job in jobs)))
+        tasks = [asyncio.ensure_future(grow_prompt(ctx, job)) for job in jobs]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:  # one prompt failed: the others stop rather than sample on in the caller's loop
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
 
 EXECUTORS = ("local", "ray")
@@ -283,7 +290,8 @@ class TreeRolloutEngine:
         predictor neither read nor updated. Sample s of the i-th task samples from `seeds(i, s)` (default
         `evaluation_seed(self.seed, i, s)`), turn t from `derive_seed(seeds(i, s), t)` as in a step, so a result
         depends on its seed only. Episodes play in batches of `batch` (they bound memory), in (task, sample)
-        order, each batch one requester whose every call holds all its live episodes. `on_done(i, s)` is called
+        order, each batch one requester whose every call holds all its live episodes (under continuous batching,
+        each episode's turn is its own call). `on_done(i, s)` is called
         as each sample ends (a progress bar). From synchronous code; inside an event loop, `aevaluate`."""
         return _run_sync(self.aevaluate(tasks, samples, seeds, batch, on_done), "evaluate")
 

@@ -297,7 +297,8 @@ async def _independent(
     """`lockstep` for an actor whose episodes advance independently (continuous batching): each episode asks for
     its next turn as soon as its own environment step ends, so none waits for a round's slowest row. Its turns are
     held back and appended once every episode has ended, in lockstep's order (round by round, episodes in index
-    order), so node ids and the trees' order are lockstep's, whatever order the turns came back in."""
+    order), so node ids and the trees' order are lockstep's, whatever order the turns came back in. `on_done(j)` is
+    called as episode j ends, before its turns are in the tree (lockstep: after)."""
 
     async def play(j: int) -> list[tuple]:
         ep, turns = episodes[j], []
@@ -309,7 +310,14 @@ async def _independent(
             on_done(j)
         return turns
 
-    played = await asyncio.gather(*(play(j) for j in range(len(episodes))))
+    tasks = [asyncio.ensure_future(play(j)) for j in range(len(episodes))]
+    try:
+        played = await asyncio.gather(*tasks)
+    except BaseException:  # one episode failed (or the caller cancelled): the others stop too, as in lockstep
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     generated = 0
     for t in range(max((len(turns) for turns in played), default=0)):
         for j, turns in enumerate(played):

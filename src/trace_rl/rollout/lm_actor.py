@@ -2,7 +2,7 @@
 steps run in a bounded thread pool off the event loop.
 
 Prompt tasks never call the model directly: they submit their episodes' histories to a micro-batcher that
-serves many prompts with one backend call. Two batching policies:
+serves many prompts with one backend call. Three batching policies:
 - `round` (default): a call starts when every prompt still running is waiting for the model, so each batch
   holds every live episode of the step, its rows in an order fixed by the requests (tree id, seeds), not by
   which environment step ended first. Batches are then the same at any speed, and a run reproduces bit for bit
@@ -115,21 +115,23 @@ class _MicroBatcher:
                 gens = self.backend.generate(flat, self.params, seeds=seeds, **extra)
         except Exception as err:  # hand the failure to every waiting prompt instead of hanging them
             for _, _, _, fut in batch:
-                fut.set_exception(err)
+                if not fut.done():  # a requester cancelled meanwhile (its prompt failed) wants nothing
+                    fut.set_exception(err)
             return
         finally:
             clock.finished("generate")
             self.running = False
         i = 0
         for prompts, _, _, fut in batch:
-            fut.set_result(gens[i : i + len(prompts)])
+            if not fut.done():
+                fut.set_result(gens[i : i + len(prompts)])
             i += len(prompts)
         self._kick()
 
 
 CONTINUOUS_NEEDS = (
-    "batching=continuous needs a backend that serves calls at once (vllm, server); hf serves one call at a time: "
-    "use round or eager"
+    "batching=continuous needs a backend that serves calls at once (vllm, server); this one (as hf) serves one call "
+    "at a time: use round or eager"
 )
 
 
@@ -178,11 +180,12 @@ class LMActor:
         return RolloutTree(index, prompt=task)
 
     def start(self, tree: RolloutTree, task: dict, seeds: Sequence[int]) -> list[Episode]:
-        self.clock.env_started()
+        clock = self.clock  # the one it started on, should a new step swap it meanwhile
+        clock.env_started()
         try:
             episodes = [start_episode(self.env_factory(), task, self.fmt) for _ in seeds]
         finally:
-            self.clock.env_finished()
+            clock.env_finished()
         for ep, seed in zip(episodes, seeds):
             ep.seed, ep.key = seed, tree.root_id
         tree.root.token_ids = list(episodes[0].token_ids)
@@ -205,14 +208,15 @@ class LMActor:
         return [turn_fields(t, gen.stop_reason) for t, gen in zip(turns, gens)]
 
     def _step(self, ep: Episode, gen: Generation):
-        self.clock.env_started()
+        clock = self.clock  # the one it started on, should a new step swap it meanwhile
+        clock.env_started()
         try:
             turn = apply_generation(ep, gen, self.fmt)
             if not ep.done and len(ep.turns) >= ep.env.max_turns:
                 ep.done = True  # the env enforces its limit; this guards envs that do not
             return turn
         finally:
-            self.clock.env_finished()
+            clock.env_finished()
 
     def _pool(self) -> ThreadPoolExecutor:
         # one pool per actor, created on first use; threads are daemon-like and idle between steps
