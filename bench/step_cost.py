@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import inspect
 import json
 import os
@@ -361,6 +362,11 @@ def summarize(rows: list[StepCost], base: str = "grpo") -> list[dict]:
                 t = _mean([r.tokens for r in mine]) / _mean([r.tokens for r in theirs])
                 ratios["wall_ratio"].append(w), ratios["token_ratio"].append(t), ratios["excess"].append(w / t)
                 ratios["round_ratio"].append(_mean([r.rounds for r in mine]) / _mean([r.rounds for r in theirs]))
+                if all(r.update is not None for r in mine[-1:] + theirs[-1:]):  # a training step: rollouts + update
+                    full = (w * _mean([r.wall for r in theirs]) + mine[-1].update) / (
+                        _mean([r.wall for r in theirs]) + theirs[-1].update
+                    )
+                    ratios.setdefault("full_excess", []).append(full / t)
             for key, xs in ratios.items():
                 row[key] = mean_ci(xs) if len(xs) > 1 else (xs[0], xs[0], xs[0])
         table.append(row)
@@ -419,6 +425,9 @@ def goal_line(table: list[dict], method: str = "trace", slack: float = 1.1, roun
             f"{row['token_ratio'][0]:.2f} if a call cost what its tokens cost")  # fmt: skip
     if rounds:
         line += f", {row['round_ratio'][0]:.2f} if every round cost the same"
+    if "full_excess" in row:
+        mean, lo, hi = row["full_excess"]
+        line += f"; with the step's update: wall/tokens ratio {mean:.2f} [{lo:.2f}, {hi:.2f}]"
     return line
 
 
@@ -434,7 +443,8 @@ def parse(argv: list[str] | None):
     ap.add_argument("--reference", type=int, default=2, help="reference calls per method for the busy share "
                     "(the best is kept; 0: none)")  # fmt: skip
     ap.add_argument("--update", action="store_true", help="time one policy update per method (and a weight sync)")
-    ap.add_argument("--json", default="", help="write every step's record and the table here")
+    ap.add_argument("--from", dest="from_json", default="", help="print the tables of a stored run (a --json file)")
+    ap.add_argument("--json", default="", help="write every step's record and the table here (.json.gz: compressed)")
     args, settings = ap.parse_known_args(argv)
     bad = [s for s in settings if "=" not in s or s.startswith("-")]
     if bad:
@@ -457,6 +467,8 @@ def main(argv: list[str] | None = None) -> dict:
     from trace_rl.trace_config import check_methods
 
     args, settings = parse(argv)
+    if args.from_json:
+        return {"tables": reprint(args.from_json)}
     try:
         cfg, _ = load_config(RolloutConfig, settings + [f"methods=[{','.join(args.methods)}]"])
         check_methods(args.methods, oracle=False)
@@ -486,11 +498,34 @@ def main(argv: list[str] | None = None) -> dict:
         sync = updater.time_sync(recorder.inner) if updater is not None and cfg.policy.backend == "vllm" else None
     finally:
         stack.close()
+    tables = report(rows, args.batchings, sync)
+    out = {"settings": settings, "args": {k: v for k, v in vars(args).items()}, "tables": tables, "sync": sync,
+           "steps": [stored(r) for r in rows]}  # fmt: skip
+    if args.json:
+        text = json.dumps(out, indent=None if args.json.endswith(".gz") else 1)
+        if args.json.endswith(".gz"):
+            Path(args.json).write_bytes(gzip.compress(text.encode(), mtime=0))
+        else:
+            Path(args.json).write_text(text)
+    return out
+
+
+def stored(row: StepCost) -> dict:
+    """A step as the JSON file keeps it: its calls only under round batching (what the fit reads), so a stored
+    run of continuous batching (a call per episode turn) stays small."""
+    out = asdict(row)
+    if row.batching != "round":
+        out["calls"] = []
+    return out
+
+
+def report(rows: list[StepCost], batchings: list[str], sync: float | None = None) -> dict:
+    """Print the tables of measured (or stored) steps, one per batching policy, and what explains them."""
     tables = {}
-    for batching in args.batchings:
+    for batching in batchings:
         tables[batching] = table = summarize([r for r in rows if r.batching == batching])
         print(f"\nbatching={batching}\n{format_table(table)}\n{goal_line(table, rounds=batching == 'round')}")
-    for line in across_batchings(rows, args.batchings[0]):
+    for line in across_batchings(rows, batchings[0]):
         print(line)
     fit = row_scaling([c for r in rows if r.batching == "round" for c in r.calls])
     if fit is not None:
@@ -498,11 +533,22 @@ def main(argv: list[str] | None = None) -> dict:
               "1: each row costs its own, 0: a call costs the same whatever its rows)")  # fmt: skip
     if sync is not None:
         print(f"one weight sync into the engine: {sync:.2f} s")
-    out = {"settings": settings, "args": {k: v for k, v in vars(args).items()}, "tables": tables, "sync": sync,
-           "steps": [asdict(r) for r in rows]}  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
-    return out
+    return tables
+
+
+def reprint(path: str) -> dict:
+    """The tables of a stored run (`--json`'s file), printed again without measuring anything."""
+    try:
+        raw = Path(path).read_bytes()
+        if len(raw) > 64 << 20:
+            raise ValueError(f"{len(raw):,} bytes, past the 64 MiB a stored run may hold")
+        run = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
+        rows = [StepCost(**{**s, "calls": [tuple(c) for c in s.get("calls", [])]}) for s in run["steps"]]
+        batchings = run["args"]["batchings"]
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as err:
+        sys.exit(f"step_cost: --from {path}: not a stored step_cost run ({err})")
+    print(f"stored run {path}: {' '.join(run.get('settings', []))}")
+    return report(rows, batchings, run.get("sync"))
 
 
 if __name__ == "__main__":  # vLLM's engine starts worker processes: nothing may run at import

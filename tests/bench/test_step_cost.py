@@ -2,6 +2,7 @@
 backend calls hold every token the step generated, and the paired ratios are per seed against GRPO's steps."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -48,11 +49,11 @@ def test_ratios_are_paired_by_seed():
     assert "missed" in step_cost.goal_line(list(table.values()))
 
 
-def test_a_run_on_the_tiny_model_accounts_for_every_token_and_second(capsys):
+def test_a_run_on_the_tiny_model_accounts_for_every_token_and_second(capsys, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     argv = ["--seeds", "0,1", "--steps", "1", "--methods", "grpo,trace", "budget.prompts=2", "budget.pool_factor=2"]
-    out = step_cost.main(argv)
+    out = step_cost.main(argv + ["--json", str(tmp_path / "run.json.gz")])
     text = capsys.readouterr().out
     assert "goal (trace wall/grpo" in text and "trace_root_only" not in text
     steps = out["steps"]
@@ -67,6 +68,11 @@ def test_a_run_on_the_tiny_model_accounts_for_every_token_and_second(capsys):
     trace = next(r for r in out["tables"]["round"] if r["method"] == "trace")
     expected = [s["tokens"] / grpo[s["seed"]]["tokens"] for s in steps if s["method"] == "trace"]
     assert trace["token_ratio"][0] == pytest.approx(sum(expected) / 2)
+    again = step_cost.main(["--from", str(tmp_path / "run.json.gz")])  # the stored run prints the same tables
+    assert json.dumps(again["tables"]) == json.dumps(out["tables"])
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not a stored step_cost run"):
+        step_cost.main(["--from", str(tmp_path / "bad.json")])
 
 
 def test_a_bad_setting_is_one_line():
