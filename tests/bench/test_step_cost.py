@@ -9,10 +9,18 @@ from types import SimpleNamespace
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "step_cost.py"
-_spec = importlib.util.spec_from_file_location("step_cost", SCRIPT)
-step_cost = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
-_spec.loader.exec_module(step_cost)  # runs nothing: main() is behind __name__ == "__main__"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses and step_cost look it up
+    spec.loader.exec_module(module)  # runs nothing: main() is behind __name__ == "__main__"
+    return module
+
+
+tables = _load("step_cost_tables")
+step_cost = _load("step_cost")
 
 
 def call(start, end, generated=1):
@@ -35,18 +43,18 @@ def test_the_parts_add_up_to_the_step(total):
 
 
 def cost(method, seed, wall, tokens):
-    parts = dict.fromkeys(step_cost.PARTS, wall / 5)
-    return step_cost.StepCost(method, seed, 0, wall, parts, 0.0, 8, tokens, 3, tokens, 10, 5)
+    parts = dict.fromkeys(tables.PARTS, wall / 5)
+    return tables.StepCost(method, seed, 0, wall, parts, 0.0, 8, tokens, 3, tokens, 10, 5)
 
 
 def test_ratios_are_paired_by_seed():
     rows = [cost("grpo", 0, 2.0, 100), cost("trace", 0, 1.0, 40), cost("grpo", 1, 4.0, 200), cost("trace", 1, 4.0, 100)]
-    table = {r["method"]: r for r in step_cost.summarize(rows)}
+    table = {r["method"]: r for r in tables.summarize(rows)}
     assert table["grpo"]["wall_ratio"][0] == table["grpo"]["excess"][0] == 1.0
     assert table["trace"]["wall_ratio"][0] == pytest.approx((0.5 + 1.0) / 2)  # seed by seed, not pooled
     assert table["trace"]["token_ratio"][0] == pytest.approx((0.4 + 0.5) / 2)
     assert table["trace"]["excess"][0] == pytest.approx((1.25 + 2.0) / 2)
-    assert "missed" in step_cost.goal_line(list(table.values()))
+    assert "missed" in tables.goal_line(list(table.values()))
 
 
 def test_a_run_on_the_tiny_model_accounts_for_every_token_and_second(capsys, tmp_path):
@@ -90,12 +98,12 @@ def test_a_bad_setting_is_one_line():
 def test_batching_policies_are_compared_method_by_method_and_seed_by_seed():
     rows = [cost("grpo", 0, 2.0, 100), cost("grpo", 1, 4.0, 100), cost("grpo", 0, 1.0, 100), cost("grpo", 1, 3.0, 100)]
     rows[2].batching = rows[3].batching = "continuous"
-    (line,) = step_cost.across_batchings(rows)
+    (line,) = tables.across_batchings(rows)
     assert line.startswith("step wall, continuous over round") and "grpo 0.62 " in line  # (0.5 + 0.75) / 2
 
 
 def test_row_scaling_recovers_the_exponent_of_the_calls_cost():
     calls = [(rows, 10, 10 * 0.01 * rows**0.5) for rows in (1, 4, 16, 64)]
-    slope, used = step_cost.row_scaling(calls + [(8, 2, 99.0)])  # 2 iterations: too short to count
+    slope, used = tables.row_scaling(calls + [(8, 2, 99.0)])  # 2 iterations: too short to count
     assert slope == pytest.approx(0.5) and used == 4
-    assert step_cost.row_scaling([(4, 10, 1.0), (4, 10, 2.0), (4, 10, 3.0)]) is None  # one row count: no slope
+    assert tables.row_scaling([(4, 10, 1.0), (4, 10, 2.0), (4, 10, 3.0)]) is None  # one row count: no slope

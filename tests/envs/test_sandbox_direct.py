@@ -44,7 +44,8 @@ def test_files_and_folders_past_the_inode_limit_stop_the_snippet(direct, what):
 @needs_strict
 def test_files_within_the_limit_are_left_alone(direct):
     res = run_python(
-        "import os\nfor n in range(3000): open('f%d' % n, 'w').close()\nprint(len(os.listdir('.')))", timeout_s=20
+        "import os\nos.mkdir('d')\nfor n in range(3000): open('d/f%d' % n, 'w').close()\nprint(len(os.listdir('d')))",
+        timeout_s=20,
     )
     assert res.ok and res.stdout.strip() == "3000", res
 
