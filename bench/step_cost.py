@@ -19,16 +19,17 @@ which add up to the step exactly under round batching (the default), where no tw
 and continuous batching environment steps run during generation: `other` is then what is left after that overlap
 (it absorbs an overlap smaller than itself) and `overlap` the excess, so the split there is approximate. Also
 counted: backend calls (rounds, under round batching; one per episode turn under continuous), tokens generated,
-prompt tokens served from the prefix cache, and the
-engine's busy share: the step's tokens per second of wall over the tokens per second of one backend call with as
-many rows and as many tokens (the best the engine does with this work, gaps and small batches removed).
-`--update` adds one policy update per method on its last step's trees (a copy of the model; the sampled policy
-stays frozen) and, on vLLM, one weight sync.
+prompt tokens served from the prefix cache, the engine's busy share (the step's tokens per second of wall over
+those of one backend call with as many rows and tokens: the best the engine does with this work), and how a call's
+cost per decode iteration grows with its rows (rows^b, fitted over the run's calls). `--update` adds one policy
+update per method on its last step's trees (a copy of the model; the sampled policy stays frozen) and, on vLLM, one
+weight sync; `--batchings round,continuous` compares batching policies on one engine; `--json FILE[.gz]` keeps the
+run and `--from FILE` prints its tables again (`step_cost_tables`).
 
 The figure of interest is paired by seed: a method's step wall over GRPO's, against its generated tokens over
-GRPO's. A ratio of the two near 1 means the step costs what its tokens cost; above 1, the rounds leave the engine
-idle. A limit: generation is from the frozen start policy, so lengths are the start policy's; an update changes
-them, and with them every figure.
+GRPO's. A ratio of the two near 1 means the step costs what its tokens cost; above 1, its calls cost more than
+their tokens (fewer rows a call, more calls). A limit: generation is from the frozen start policy, so lengths are
+the start policy's; an update changes them, and with them every figure.
 """
 
 from __future__ import annotations
