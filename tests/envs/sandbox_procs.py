@@ -45,3 +45,32 @@ def sandbox_processes(since_ticks: int = 0) -> list[str]:
 def now_ticks() -> int:
     with open("/proc/uptime") as fh:
         return int(float(fh.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def kill_callers(caller: str, env: dict, latest: float, trials: int = 20, within: float = 60.0) -> tuple[int, list]:
+    """Start `caller` (python -c code that prints 'go' once warmed up, then makes a sandbox call) and kill it a
+    random 0-`latest` seconds after 'go', up to `trials` times within `within` seconds; then wait up to 5 s for
+    what the calls left to end, kill what is still there, and return (callers killed, pids that were left)."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from trace_rl.envs.sandbox_host import stranded_processes
+
+    rng, start, stop, done = random.Random(0), now_ticks(), time.monotonic() + within, 0
+    while done < trials and time.monotonic() < stop:
+        proc = subprocess.Popen([sys.executable, "-c", caller], env=env, stdout=subprocess.PIPE)
+        assert proc.stdout.readline() == b"go\n"
+        time.sleep(rng.uniform(0, latest))
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        done += 1
+    deadline = time.monotonic() + 5
+    while (left := stranded_processes(start)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return done, left

@@ -5,18 +5,16 @@ mechanisms (the caller check, adopting orphans, ending all on the caller's death
 without bwrap."""
 
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from sandbox_procs import now_ticks
+from sandbox_procs import kill_callers
 
 from trace_rl.envs import sandbox, sandbox_warden
 from trace_rl.envs.sandbox import run_python
-from trace_rl.envs.sandbox_host import stranded_processes
 
 WHY = sandbox.strict_unavailable()
 needs_strict = pytest.mark.skipif(WHY is not None, reason=f"strict sandbox unavailable here: {WHY}")
@@ -63,20 +61,7 @@ _CALLER = (
 def test_a_caller_killed_in_bwraps_first_milliseconds_leaves_no_process_behind(tmp_path):
     # before the warden, 28 of 30 callers killed 0-10 ms into a call left bwrap's half-made child running
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
-    rng, start, stop, trials = random.Random(0), now_ticks(), time.monotonic() + 60, 0
-    while trials < 20 and time.monotonic() < stop:
-        caller = subprocess.Popen([sys.executable, "-c", _CALLER], env=env, stdout=subprocess.PIPE)
-        assert caller.stdout.readline() == b"go\n"
-        time.sleep(rng.uniform(0, 0.04))  # the warden starts (~10 ms), then bwrap, and bwrap sets up
-        caller.kill()
-        caller.wait()
-        caller.stdout.close()
-        trials += 1
-    deadline = time.monotonic() + 5
-    while (left := stranded_processes(start)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    trials, left = kill_callers(_CALLER, env, 0.04)  # the warden starts (~10 ms), then bwrap, and bwrap sets up
     assert trials >= 5 and not left, left
 
 

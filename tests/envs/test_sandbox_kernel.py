@@ -5,14 +5,13 @@ process running (counted by process tree), and a signal that ends the snippet is
 are bounded by count and time."""
 
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from sandbox_procs import now_ticks
+from sandbox_procs import kill_callers, now_ticks
 
 from trace_rl.envs import sandbox
 from trace_rl.envs.sandbox import run_python, signal_meaning
@@ -108,20 +107,8 @@ _CALLER = (
 @needs_strict
 def test_a_caller_killed_at_any_instant_leaves_no_process_behind(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
-    rng, start, stop, trials = random.Random(0), now_ticks(), time.monotonic() + 60, 0
-    while trials < 20 and time.monotonic() < stop:
-        caller = subprocess.Popen([sys.executable, "-c", _CALLER], env=env, stdout=subprocess.PIPE)
-        assert caller.stdout.readline() == b"go\n"
-        time.sleep(rng.uniform(0, 0.12))  # from before bwrap starts, through its setup, to the snippet running
-        caller.kill()
-        caller.wait()
-        caller.stdout.close()
-        trials += 1
-    deadline = time.monotonic() + 5
-    while (left := stranded_processes(start)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    # killed from before bwrap starts, through its setup, to the snippet running
+    trials, left = kill_callers(_CALLER, env, 0.12)
     assert trials >= 5
     assert not left, [_cmdline(pid) for pid in left]  # on either path: the launch chain or bwrap under its warden
 
