@@ -35,7 +35,18 @@ from ..predictors.base import Predictor, training_examples
 from ..seeding import derive_rng, derive_seed
 from ..trace_config import PREFIX_SHARE, TraceConfig, check_prefix_share, method_spec
 from ..tree import BARE, RolloutTree, TurnNode
-from .grow import TIMERS, Actor, Clock, PooledStage2, PromptJob, PromptResult, StepContext, grow_prompt, lockstep
+from .grow import (
+    TIMERS,
+    Actor,
+    Clock,
+    PooledStage2,
+    PromptJob,
+    PromptResult,
+    StepContext,
+    gather_or_cancel,
+    grow_prompt,
+    lockstep,
+)
 
 
 @dataclass
@@ -76,14 +87,8 @@ class LocalExecutor:
 
     async def run(self, ctx: StepContext, jobs: list[PromptJob]) -> list[PromptResult]:
         ctx.actor.begin_step(len(jobs), ctx.clock)
-        tasks = [asyncio.ensure_future(grow_prompt(ctx, job)) for job in jobs]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:  # one prompt failed: the others stop rather than sample on in the caller's loop
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        # one prompt failed: the others stop rather than sample on in the caller's loop
+        return await gather_or_cancel([grow_prompt(ctx, job) for job in jobs])
 
 
 EXECUTORS = ("local", "ray")

@@ -59,12 +59,6 @@ class Clock:
             if not self._running[phase]:
                 self.seconds[phase] += time.perf_counter() - self._since[phase]
 
-    def env_started(self) -> None:
-        self.started("env")
-
-    def env_finished(self) -> None:
-        self.finished("env")
-
 
 class FlipModel(Protocol):
     """What stage 2 can read its flip probability from instead of V~ alone (`experimental.flip.FlipCalibrator`)."""
@@ -251,6 +245,19 @@ async def grow_prompt(ctx: StepContext, job: PromptJob) -> PromptResult:
         actor.end_prompt()
 
 
+async def gather_or_cancel(coros: Sequence) -> list:
+    """`asyncio.gather` of `coros`, except that when one fails (or the caller is cancelled) the others are cancelled
+    and awaited before the error is raised, rather than left running in the caller's event loop."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def lockstep(
     actor: Actor,
     trees: Sequence[RolloutTree],
@@ -310,14 +317,7 @@ async def _independent(
             on_done(j)
         return turns
 
-    tasks = [asyncio.ensure_future(play(j)) for j in range(len(episodes))]
-    try:
-        played = await asyncio.gather(*tasks)
-    except BaseException:  # one episode failed (or the caller cancelled): the others stop too, as in lockstep
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    played = await gather_or_cancel([play(j) for j in range(len(episodes))])  # one fails: the others stop too
     generated = 0
     for t in range(max((len(turns) for turns in played), default=0)):
         for j, turns in enumerate(played):

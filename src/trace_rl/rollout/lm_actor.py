@@ -181,11 +181,11 @@ class LMActor:
 
     def start(self, tree: RolloutTree, task: dict, seeds: Sequence[int]) -> list[Episode]:
         clock = self.clock  # the one it started on, should a new step swap it meanwhile
-        clock.env_started()
+        clock.started("env")
         try:
             episodes = [start_episode(self.env_factory(), task, self.fmt) for _ in seeds]
         finally:
-            clock.env_finished()
+            clock.finished("env")
         for ep, seed in zip(episodes, seeds):
             ep.seed, ep.key = seed, tree.root_id
         tree.root.token_ids = list(episodes[0].token_ids)
@@ -209,14 +209,14 @@ class LMActor:
 
     def _step(self, ep: Episode, gen: Generation):
         clock = self.clock  # the one it started on, should a new step swap it meanwhile
-        clock.env_started()
+        clock.started("env")
         try:
             turn = apply_generation(ep, gen, self.fmt)
             if not ep.done and len(ep.turns) >= ep.env.max_turns:
                 ep.done = True  # the env enforces its limit; this guards envs that do not
             return turn
         finally:
-            clock.env_finished()
+            clock.finished("env")
 
     def _pool(self) -> ThreadPoolExecutor:
         # one pool per actor, created on first use; threads are daemon-like and idle between steps
